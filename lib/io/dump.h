@@ -1,0 +1,75 @@
+// The canonical activation dump "oscar.dump" (docs/formats.md): model geometry, per layer post-RoPE
+// Q [T, Hq, d], K [T, Hkv, d], V [T, Hkv, d] (float32, float16 or bfloat16-as-uint16), and sequence
+// offsets into T. Reading converts to float32 and works layer by layer and chunk by chunk.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace oscar {
+
+inline constexpr const char* kDumpSchema = "oscar.dump";
+inline constexpr int kDumpSchemaVersion = 1;
+
+enum class StorageType { float32, float16, bfloat16 };
+StorageType parse_storage_type(const std::string& name);  // "float32" | "float16" | "bfloat16"
+const char* storage_type_name(StorageType type);
+
+struct ModelGeometry {
+  int num_layers = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  bool rope_applied = true;
+  int group_size() const { return num_q_heads / num_kv_heads; }  // GQA ratio g
+};
+
+struct DumpInfo {
+  ModelGeometry geometry;
+  std::vector<int> layers;                // layer indices present in the file
+  std::vector<int64_t> sequence_offsets;  // [S+1], offsets into T; sequence s = [off[s], off[s+1])
+  int64_t tokens = 0;                     // T
+  StorageType dtype = StorageType::float32;
+  std::string model, provenance_json;     // free text / JSON object (tool, version, command, inputs, seed)
+  int64_t num_sequences() const { return static_cast<int64_t>(sequence_offsets.size()) - 1; }
+};
+
+// One layer's activations (a token range of it) in float32, row-major.
+struct LayerActivations {
+  int layer = 0;
+  int64_t first_token = 0, tokens = 0;
+  std::vector<float> q;  // [tokens, Hq, d]
+  std::vector<float> k;  // [tokens, Hkv, d]
+  std::vector<float> v;  // [tokens, Hkv, d]
+};
+
+class DumpReader {
+ public:
+  explicit DumpReader(const std::string& path);  // validates schema, geometry, shapes; throws oscar::Error
+  ~DumpReader();
+  const DumpInfo& info() const { return info_; }
+  const std::string& path() const { return path_; }
+  // Reads tokens [first, first+count) of one layer; checks finiteness (error names file and dataset).
+  LayerActivations read_layer(int layer, int64_t first = 0, int64_t count = -1) const;
+  // Rows per HDF5 chunk along T of this layer's K (the natural streaming granularity).
+  int64_t chunk_tokens(int layer) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string path_;
+  DumpInfo info_;
+};
+
+// Writes a dump layer by layer; the file appears at `path` only after finish() (atomic rename).
+class DumpWriter {
+ public:
+  DumpWriter(const std::string& path, const DumpInfo& info);  // info.layers, geometry, offsets, dtype
+  ~DumpWriter();
+  void write_layer(const LayerActivations& layer);  // full token range of one layer
+  void finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace oscar
