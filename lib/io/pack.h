@@ -12,7 +12,9 @@ inline constexpr int kPackSchemaVersion = 1;
 
 struct RotationSide {            // key or value side of one layer
   std::vector<float> rotation;   // [heads, d, d] row-major; heads = 1 for scope layer
-  std::vector<double> eigenvalues;  // [heads, d], ascending, of the target the rotation came from
+  std::vector<double> eigenvalues;   // [heads, d], ascending, of the target the rotation came from
+  std::vector<double> eigenvectors;  // [heads, d, d] row-major, column i belongs to eigenvalues[i]
+                                     // (lets a harness compose any ablation from one pack)
   float clip_ratio = 1.0f;
   const float* head_rotation(int kv_head, int dim) const {  // scope layer: every head shares one
     size_t heads = rotation.size() / (static_cast<size_t>(dim) * dim);
