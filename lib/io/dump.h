@@ -29,6 +29,9 @@ struct DumpInfo {
   int64_t tokens = 0;                     // T
   StorageType dtype = StorageType::float32;
   std::string model, provenance_json;     // free text / JSON object (tool, version, command, inputs, seed)
+  // 0: queries stored for every token. N > 0: only the last N tokens of each sequence carry queries
+  // (an evaluation dump, where queries elsewhere are never read; the other rows are zero).
+  int64_t queries_kept_last = 0;
   int64_t num_sequences() const { return static_cast<int64_t>(sequence_offsets.size()) - 1; }
 };
 
