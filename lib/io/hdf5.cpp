@@ -1,0 +1,393 @@
+// HDF5 wrapper (see hdf5.h). float16 uses the same IEEE half type h5py writes, read and written as raw
+// bits and converted by lib/common/float16.h, so no HDF5 soft conversion is involved.
+#include "io/hdf5.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+#include "common/float16.h"
+
+namespace oscar::h5 {
+namespace {
+
+// HDF5 prints its own error stack by default; our errors are one line each.
+struct SilenceHdf5 {
+  SilenceHdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+} silence_hdf5;
+
+Handle half_type() {
+  hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+  H5Tset_fields(t, 15, 10, 5, 0, 10);
+  H5Tset_size(t, 2);
+  H5Tset_ebias(t, 15);
+  return Handle(t, H5Tclose);
+}
+
+Handle open_object(const File& file, const std::string& object) {
+  hid_t id = H5Oopen(file.id(), object.c_str(), H5P_DEFAULT);
+  OSCAR_CHECK(id >= 0, "{}: missing object '{}'", file.path(), object);
+  return Handle(id, H5Oclose);
+}
+
+Handle open_dataset(const File& file, const std::string& dataset) {
+  OSCAR_CHECK(file.exists(dataset), "{}: missing dataset '{}'", file.path(), dataset);
+  hid_t id = H5Dopen2(file.id(), dataset.c_str(), H5P_DEFAULT);
+  OSCAR_CHECK(id >= 0, "{}: '{}' is not a dataset", file.path(), dataset);
+  return Handle(id, H5Dclose);
+}
+
+size_t element_bytes(Element e) {
+  switch (e) {
+    case Element::float64:
+    case Element::int64: return 8;
+    case Element::float32: return 4;
+    case Element::float16:
+    case Element::bfloat16: return 2;
+    case Element::uint8: return 1;
+  }
+  return 1;
+}
+
+}  // namespace
+
+const char* element_name(Element element) {
+  switch (element) {
+    case Element::float32: return "float32";
+    case Element::float64: return "float64";
+    case Element::float16: return "float16";
+    case Element::bfloat16: return "bfloat16";
+    case Element::int64: return "int64";
+    case Element::uint8: return "uint8";
+  }
+  return "?";
+}
+
+File File::open_read(const std::string& path) {
+  File file;
+  file.path_ = path;
+  FILE* probe = std::fopen(path.c_str(), "rb");
+  OSCAR_CHECK(probe != nullptr, "{}: cannot open (no such file or not readable)", path);
+  std::fclose(probe);
+  OSCAR_CHECK(H5Fis_hdf5(path.c_str()) > 0, "{}: not an HDF5 file (or truncated)", path);
+  hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  OSCAR_CHECK(id >= 0, "{}: cannot open HDF5 file (truncated or corrupt)", path);
+  file.handle_ = Handle(id, H5Fclose);
+  return file;
+}
+
+File File::create(const std::string& path) {
+  File file;
+  file.path_ = path;
+  hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  OSCAR_CHECK(id >= 0, "{}: cannot create file", path);
+  file.handle_ = Handle(id, H5Fclose);
+  return file;
+}
+
+bool File::exists(const std::string& object) const {
+  if (object == "/") return true;
+  std::string prefix;
+  size_t start = object[0] == '/' ? 1 : 0;
+  while (start <= object.size()) {
+    size_t end = object.find('/', start);
+    if (end == std::string::npos) end = object.size();
+    prefix = object.substr(0, end);
+    if (H5Lexists(id(), prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (H5Oexists_by_name(id(), prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    start = end + 1;
+  }
+  return true;
+}
+
+void File::create_group(const std::string& group) {
+  if (exists(group)) return;
+  Handle plist(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(plist.id(), 1);
+  hid_t id = H5Gcreate2(this->id(), group.c_str(), plist.id(), H5P_DEFAULT, H5P_DEFAULT);
+  OSCAR_CHECK(id >= 0, "{}: cannot create group '{}'", path_, group);
+  H5Gclose(id);
+}
+
+std::vector<std::string> File::list(const std::string& group) const {
+  OSCAR_CHECK(exists(group), "{}: missing group '{}'", path_, group);
+  std::vector<std::string> names;
+  auto collect = [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
+    static_cast<std::vector<std::string>*>(data)->push_back(name);
+    return 0;
+  };
+  H5Literate_by_name(id(), group.c_str(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names, H5P_DEFAULT);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool File::has_attribute(const std::string& object, const std::string& name) const {
+  if (!exists(object)) return false;
+  return H5Aexists_by_name(id(), object.c_str(), name.c_str(), H5P_DEFAULT) > 0;
+}
+
+static Handle open_attribute(const File& file, const std::string& object, const std::string& name) {
+  OSCAR_CHECK(file.has_attribute(object, name), "{}: missing attribute '{}' on '{}'", file.path(), name, object);
+  return Handle(H5Aopen_by_name(file.id(), object.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+}
+
+std::string File::attribute_string(const std::string& object, const std::string& name) const {
+  Handle attribute = open_attribute(*this, object, name);
+  Handle type(H5Aget_type(attribute.id()), H5Tclose);
+  OSCAR_CHECK(H5Tget_class(type.id()) == H5T_STRING, "{}: attribute '{}' on '{}' is not a string", path_, name, object);
+  if (H5Tis_variable_str(type.id()) > 0) {
+    Handle memory(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(memory.id(), H5T_VARIABLE);
+    H5Tset_cset(memory.id(), H5Tget_cset(type.id()));
+    char* text = nullptr;
+    OSCAR_CHECK(H5Aread(attribute.id(), memory.id(), &text) >= 0, "{}: cannot read attribute '{}'", path_, name);
+    std::string value = text ? text : "";
+    Handle space(H5Aget_space(attribute.id()), H5Sclose);
+    H5Dvlen_reclaim(memory.id(), space.id(), H5P_DEFAULT, &text);
+    return value;
+  }
+  size_t size = H5Tget_size(type.id());
+  std::string value(size, '\0');
+  OSCAR_CHECK(H5Aread(attribute.id(), type.id(), value.data()) >= 0, "{}: cannot read attribute '{}'", path_, name);
+  value.resize(std::find(value.begin(), value.end(), '\0') - value.begin());
+  return value;
+}
+
+int64_t File::attribute_int(const std::string& object, const std::string& name) const {
+  Handle attribute = open_attribute(*this, object, name);
+  Handle type(H5Aget_type(attribute.id()), H5Tclose);
+  OSCAR_CHECK(H5Tget_class(type.id()) == H5T_INTEGER, "{}: attribute '{}' on '{}' is not an integer", path_, name,
+              object);
+  int64_t value = 0;
+  OSCAR_CHECK(H5Aread(attribute.id(), H5T_NATIVE_INT64, &value) >= 0, "{}: cannot read attribute '{}'", path_, name);
+  return value;
+}
+
+double File::attribute_double(const std::string& object, const std::string& name) const {
+  Handle attribute = open_attribute(*this, object, name);
+  double value = 0;
+  OSCAR_CHECK(H5Aread(attribute.id(), H5T_NATIVE_DOUBLE, &value) >= 0, "{}: cannot read attribute '{}' as a number",
+              path_, name);
+  return value;
+}
+
+static void write_attribute(File& file, const std::string& object, const std::string& name, hid_t type,
+                            const void* data) {
+  Handle target = open_object(file, object);
+  if (H5Aexists(target.id(), name.c_str()) > 0) H5Adelete(target.id(), name.c_str());
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  Handle attribute(H5Acreate2(target.id(), name.c_str(), type, space.id(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  OSCAR_CHECK(attribute.valid() && H5Awrite(attribute.id(), type, data) >= 0, "{}: cannot write attribute '{}'",
+              file.path(), name);
+}
+
+void File::set_attribute(const std::string& object, const std::string& name, const std::string& value) {
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.id(), H5T_VARIABLE);
+  H5Tset_cset(type.id(), H5T_CSET_UTF8);
+  const char* text = value.c_str();
+  write_attribute(*this, object, name, type.id(), &text);
+}
+
+void File::set_attribute(const std::string& object, const std::string& name, int64_t value) {
+  write_attribute(*this, object, name, H5T_NATIVE_INT64, &value);
+}
+
+void File::set_attribute(const std::string& object, const std::string& name, double value) {
+  write_attribute(*this, object, name, H5T_NATIVE_DOUBLE, &value);
+}
+
+std::vector<int64_t> File::shape(const std::string& dataset) const {
+  Handle d = open_dataset(*this, dataset);
+  Handle space(H5Dget_space(d.id()), H5Sclose);
+  int rank = H5Sget_simple_extent_ndims(space.id());
+  OSCAR_CHECK(rank >= 0, "{}: cannot read the shape of '{}'", path_, dataset);
+  std::vector<hsize_t> dims(rank);
+  H5Sget_simple_extent_dims(space.id(), dims.data(), nullptr);
+  return {dims.begin(), dims.end()};
+}
+
+Element File::element(const std::string& dataset) const {
+  Handle d = open_dataset(*this, dataset);
+  Handle type(H5Dget_type(d.id()), H5Tclose);
+  H5T_class_t cls = H5Tget_class(type.id());
+  size_t size = H5Tget_size(type.id());
+  if (cls == H5T_FLOAT && size == 8) return Element::float64;
+  if (cls == H5T_FLOAT && size == 4) return Element::float32;
+  if (cls == H5T_FLOAT && size == 2) return Element::float16;
+  if (cls == H5T_INTEGER && size == 2 && H5Tget_sign(type.id()) == H5T_SGN_NONE) {
+    if (has_attribute(dataset, "dtype") && attribute_string(dataset, "dtype") == "bfloat16") return Element::bfloat16;
+    fail("{}: dataset '{}' is uint16 without the attribute dtype=\"bfloat16\"", path_, dataset);
+  }
+  if (cls == H5T_INTEGER && size == 8) return Element::int64;
+  if (cls == H5T_INTEGER && size == 1 && H5Tget_sign(type.id()) == H5T_SGN_NONE) return Element::uint8;
+  fail("{}: dataset '{}' has an unsupported element type (class {}, {} bytes)", path_, dataset, static_cast<int>(cls),
+       size);
+}
+
+void File::create_dataset(const std::string& dataset, Element element, const std::vector<int64_t>& shape,
+                          bool compress) {
+  auto slash = dataset.rfind('/');
+  if (slash != std::string::npos && slash > 0) create_group(dataset.substr(0, slash));
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+  Handle plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  size_t row_bytes = element_bytes(element);
+  for (size_t i = 1; i < dims.size(); ++i) row_bytes *= dims[i];
+  if (!dims.empty() && dims[0] > 0 && row_bytes > 0) {
+    std::vector<hsize_t> chunk = dims;
+    chunk[0] = std::clamp<hsize_t>((1u << 20) / row_bytes, 1, dims[0]);
+    H5Pset_chunk(plist.id(), static_cast<int>(chunk.size()), chunk.data());
+    if (compress) {
+      H5Pset_shuffle(plist.id());
+      H5Pset_deflate(plist.id(), 4);
+    }
+  }
+  Handle half;
+  hid_t type = H5T_NATIVE_FLOAT;
+  switch (element) {
+    case Element::float32: type = H5T_IEEE_F32LE; break;
+    case Element::float64: type = H5T_IEEE_F64LE; break;
+    case Element::float16: half = half_type(); type = half.id(); break;
+    case Element::bfloat16: type = H5T_STD_U16LE; break;
+    case Element::int64: type = H5T_STD_I64LE; break;
+    case Element::uint8: type = H5T_STD_U8LE; break;
+  }
+  Handle d(H5Dcreate2(id(), dataset.c_str(), type, space.id(), H5P_DEFAULT, plist.id(), H5P_DEFAULT), H5Dclose);
+  OSCAR_CHECK(d.valid(), "{}: cannot create dataset '{}'", path_, dataset);
+  d.reset();
+  if (element == Element::bfloat16) set_attribute(dataset, "dtype", std::string("bfloat16"));
+}
+
+int64_t File::chunk_rows(const std::string& dataset) const {
+  Handle d = open_dataset(*this, dataset);
+  Handle plist(H5Dget_create_plist(d.id()), H5Pclose);
+  auto dims = shape(dataset);
+  if (dims.empty()) return 1;
+  if (H5Pget_layout(plist.id()) != H5D_CHUNKED) return std::max<int64_t>(dims[0], 1);
+  std::vector<hsize_t> chunk(dims.size());
+  H5Pget_chunk(plist.id(), static_cast<int>(chunk.size()), chunk.data());
+  return static_cast<int64_t>(chunk[0]);
+}
+
+// Selects rows [first, first+count) of a dataset; returns the elements per row.
+static int64_t select_rows(const File& file, const std::string& dataset, hid_t space, int64_t first, int64_t count) {
+  auto dims = file.shape(dataset);
+  OSCAR_CHECK(!dims.empty(), "{}: dataset '{}' is a scalar", file.path(), dataset);
+  OSCAR_CHECK(first >= 0 && count >= 0 && first + count <= dims[0], "{}: rows [{}, {}) outside '{}' with {} rows",
+              file.path(), first, first + count, dataset, dims[0]);
+  std::vector<hsize_t> start(dims.size(), 0), extent(dims.begin(), dims.end());
+  start[0] = static_cast<hsize_t>(first);
+  extent[0] = static_cast<hsize_t>(count);
+  H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr);
+  int64_t per_row = 1;
+  for (size_t i = 1; i < dims.size(); ++i) per_row *= dims[i];
+  return per_row;
+}
+
+void File::read_rows(const std::string& dataset, int64_t first, int64_t count, float* out) const {
+  Element e = element(dataset);
+  Handle d = open_dataset(*this, dataset);
+  Handle space(H5Dget_space(d.id()), H5Sclose);
+  int64_t per_row = select_rows(*this, dataset, space.id(), first, count);
+  const size_t n = static_cast<size_t>(per_row * count);
+  if (n == 0) return;
+  hsize_t memory_dims[1] = {n};
+  Handle memory_space(H5Screate_simple(1, memory_dims, nullptr), H5Sclose);
+  herr_t status = -1;
+  if (e == Element::float32 || e == Element::float64) {
+    status = H5Dread(d.id(), H5T_NATIVE_FLOAT, memory_space.id(), space.id(), H5P_DEFAULT, out);
+  } else if (e == Element::float16 || e == Element::bfloat16) {
+    std::vector<uint16_t> bits(n);
+    Handle half = half_type();
+    status = H5Dread(d.id(), e == Element::float16 ? half.id() : H5T_NATIVE_UINT16, memory_space.id(), space.id(),
+                     H5P_DEFAULT, bits.data());
+    if (e == Element::float16)
+      for (size_t i = 0; i < n; ++i) out[i] = fp16_to_float(bits[i]);
+    else
+      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(bits[i]);
+  } else {
+    fail("{}: dataset '{}' holds {} where floating-point activations are expected", path_, dataset, element_name(e));
+  }
+  OSCAR_CHECK(status >= 0, "{}: cannot read rows [{}, {}) of '{}' (truncated or corrupt file)", path_, first,
+              first + count, dataset);
+}
+
+void File::write_rows(const std::string& dataset, int64_t first, int64_t count, const float* data) {
+  Element e = element(dataset);
+  Handle d = open_dataset(*this, dataset);
+  Handle space(H5Dget_space(d.id()), H5Sclose);
+  int64_t per_row = select_rows(*this, dataset, space.id(), first, count);
+  const size_t n = static_cast<size_t>(per_row * count);
+  if (n == 0) return;
+  hsize_t memory_dims[1] = {n};
+  Handle memory_space(H5Screate_simple(1, memory_dims, nullptr), H5Sclose);
+  herr_t status = -1;
+  if (e == Element::float32 || e == Element::float64) {
+    status = H5Dwrite(d.id(), H5T_NATIVE_FLOAT, memory_space.id(), space.id(), H5P_DEFAULT, data);
+  } else if (e == Element::float16 || e == Element::bfloat16) {
+    std::vector<uint16_t> bits(n);
+    for (size_t i = 0; i < n; ++i) bits[i] = e == Element::float16 ? float_to_fp16(data[i]) : float_to_bf16(data[i]);
+    Handle half = half_type();
+    status = H5Dwrite(d.id(), e == Element::float16 ? half.id() : H5T_NATIVE_UINT16, memory_space.id(), space.id(),
+                      H5P_DEFAULT, bits.data());
+  } else {
+    fail("{}: cannot write floats into '{}' ({})", path_, dataset, element_name(e));
+  }
+  OSCAR_CHECK(status >= 0, "{}: cannot write rows of '{}'", path_, dataset);
+}
+
+std::vector<double> File::read_doubles(const std::string& dataset) const {
+  Handle d = open_dataset(*this, dataset);
+  auto dims = shape(dataset);
+  size_t n = 1;
+  for (auto x : dims) n *= static_cast<size_t>(x);
+  std::vector<double> values(n);
+  if (n) {
+    Element e = element(dataset);
+    OSCAR_CHECK(e == Element::float32 || e == Element::float64, "{}: dataset '{}' is {}, expected floating point",
+                path_, dataset, element_name(e));
+    OSCAR_CHECK(H5Dread(d.id(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0,
+                "{}: cannot read '{}' (truncated or corrupt file)", path_, dataset);
+  }
+  return values;
+}
+
+std::vector<int64_t> File::read_ints(const std::string& dataset) const {
+  Handle d = open_dataset(*this, dataset);
+  auto dims = shape(dataset);
+  size_t n = 1;
+  for (auto x : dims) n *= static_cast<size_t>(x);
+  std::vector<int64_t> values(n);
+  if (n) {
+    Element e = element(dataset);
+    OSCAR_CHECK(e == Element::int64, "{}: dataset '{}' is {}, expected int64", path_, dataset, element_name(e));
+    OSCAR_CHECK(H5Dread(d.id(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0,
+                "{}: cannot read '{}' (truncated or corrupt file)", path_, dataset);
+  }
+  return values;
+}
+
+void File::write_whole(const std::string& dataset, const std::vector<int64_t>& shape, hid_t file_type,
+                       hid_t memory_type, const void* data) {
+  auto slash = dataset.rfind('/');
+  if (slash != std::string::npos && slash > 0) create_group(dataset.substr(0, slash));
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+  Handle d(H5Dcreate2(id(), dataset.c_str(), file_type, space.id(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+  OSCAR_CHECK(d.valid(), "{}: cannot create dataset '{}'", path_, dataset);
+  OSCAR_CHECK(H5Dwrite(d.id(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0, "{}: cannot write '{}'", path_,
+              dataset);
+}
+
+void File::write_doubles(const std::string& dataset, const std::vector<int64_t>& shape, const double* data) {
+  write_whole(dataset, shape, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, data);
+}
+void File::write_floats(const std::string& dataset, const std::vector<int64_t>& shape, const float* data) {
+  write_whole(dataset, shape, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, data);
+}
+void File::write_ints(const std::string& dataset, const std::vector<int64_t>& shape, const int64_t* data) {
+  write_whole(dataset, shape, H5T_STD_I64LE, H5T_NATIVE_INT64, data);
+}
+
+}  // namespace oscar::h5

@@ -1,0 +1,93 @@
+// A small RAII layer over the HDF5 C API: files, groups, attributes, and row-chunked datasets whose
+// first axis is tokens. Every failure is an oscar::Error naming the file and the object.
+#pragma once
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace oscar::h5 {
+
+// Owns one hid_t and closes it with the matching H5*close.
+class Handle {
+ public:
+  Handle() = default;
+  Handle(hid_t id, herr_t (*closer)(hid_t)) : id_(id), closer_(closer) {}
+  ~Handle() { reset(); }
+  Handle(Handle&& other) noexcept : id_(other.id_), closer_(other.closer_) { other.id_ = -1; }
+  Handle& operator=(Handle&& other) noexcept {
+    if (this != &other) {
+      reset();
+      id_ = other.id_;
+      closer_ = other.closer_;
+      other.id_ = -1;
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  hid_t id() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  void reset() {
+    if (id_ >= 0 && closer_) closer_(id_);
+    id_ = -1;
+  }
+
+ private:
+  hid_t id_ = -1;
+  herr_t (*closer_)(hid_t) = nullptr;
+};
+
+// Element type of a stored array.
+enum class Element { float32, float64, float16, bfloat16, int64, uint8 };
+
+class File {
+ public:
+  static File open_read(const std::string& path);  // error if missing or not HDF5
+  static File create(const std::string& path);     // truncates
+  const std::string& path() const { return path_; }
+  hid_t id() const { return handle_.id(); }
+  void close() { handle_.reset(); }
+
+  bool exists(const std::string& object) const;  // "/layers/3/k" style, every level checked
+  void create_group(const std::string& group);    // creates missing parents too
+  std::vector<std::string> list(const std::string& group) const;  // child names, sorted
+
+  // Attributes on any object ("/" for the root).
+  bool has_attribute(const std::string& object, const std::string& name) const;
+  std::string attribute_string(const std::string& object, const std::string& name) const;
+  int64_t attribute_int(const std::string& object, const std::string& name) const;
+  double attribute_double(const std::string& object, const std::string& name) const;
+  void set_attribute(const std::string& object, const std::string& name, const std::string& value);
+  void set_attribute(const std::string& object, const std::string& name, int64_t value);
+  void set_attribute(const std::string& object, const std::string& name, double value);
+
+  // Datasets.
+  std::vector<int64_t> shape(const std::string& dataset) const;
+  Element element(const std::string& dataset) const;  // bfloat16 = uint16 with attribute dtype="bfloat16"
+  // Creates [rows, rest...] chunked along rows (chunk <= 1 MiB), gzip + shuffle when compress.
+  void create_dataset(const std::string& dataset, Element element, const std::vector<int64_t>& shape,
+                      bool compress = true);
+  int64_t chunk_rows(const std::string& dataset) const;  // rows per chunk (whole size if contiguous)
+  // Rows [first, first+count) as float32 (converted from any stored float type).
+  void read_rows(const std::string& dataset, int64_t first, int64_t count, float* out) const;
+  // Rows written from float32, converted to the dataset's element type (fp16/bf16 round to nearest even).
+  void write_rows(const std::string& dataset, int64_t first, int64_t count, const float* data);
+  // Whole datasets of other types.
+  std::vector<double> read_doubles(const std::string& dataset) const;
+  std::vector<int64_t> read_ints(const std::string& dataset) const;
+  void write_doubles(const std::string& dataset, const std::vector<int64_t>& shape, const double* data);
+  void write_floats(const std::string& dataset, const std::vector<int64_t>& shape, const float* data);
+  void write_ints(const std::string& dataset, const std::vector<int64_t>& shape, const int64_t* data);
+
+ private:
+  Handle handle_;
+  std::string path_;
+  void write_whole(const std::string& dataset, const std::vector<int64_t>& shape, hid_t file_type, hid_t memory_type,
+                   const void* data);
+};
+
+const char* element_name(Element element);
+
+}  // namespace oscar::h5
