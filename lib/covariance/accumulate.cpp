@@ -1,0 +1,220 @@
+// Statistics accumulation (see accumulate.h). Two passes per layer over all dumps: the first sums
+// C_Q, K^T K and V^T V; the second weights values by w_t = k_t C_Q k_t^T (needs the finished C_Q).
+// value_scores is computed per sequence from sampled queries (O(samples * T * d) per head).
+#include "covariance/accumulate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <cblas.h>
+
+#include "cli/progress.h"
+#include "common/error.h"
+
+namespace oscar {
+
+void add_gram(const double* rows, int64_t n, int d, double* sum) {
+  if (n <= 0) return;
+  cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, static_cast<int>(n), 1.0, rows, d, 1.0, sum, d);
+}
+
+void symmetrise_upper(double* matrix, int d) {
+  for (int i = 0; i < d; ++i)
+    for (int j = 0; j < i; ++j) matrix[static_cast<size_t>(i) * d + j] = matrix[static_cast<size_t>(j) * d + i];
+}
+
+void parallel_for(int n, int threads, const std::function<void(int)>& fn) {
+  threads = std::max(1, std::min(threads, n));
+  if (threads == 1) {
+    for (int i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<std::thread> pool;
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (int i = t; i < n; i += threads) {
+        try {
+          fn(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(error_mutex);
+          if (!error) error = std::current_exception();
+        }
+      }
+    });
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
+}
+
+namespace {
+
+// Rows of one KV head out of a [T, H, d] block: the g heads h*g..h*g+g-1 of each token, as float64.
+void gather_rows(const std::vector<float>& block, int64_t tokens, int heads, int first_head, int count, int d,
+                 std::vector<double>& out) {
+  out.resize(static_cast<size_t>(tokens) * count * d);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* src = block.data() + (static_cast<size_t>(t) * heads + first_head) * d;
+    std::copy(src, src + static_cast<size_t>(count) * d, out.data() + static_cast<size_t>(t) * count * d);
+  }
+}
+
+}  // namespace
+
+Statistics accumulate_statistics(const std::vector<std::string>& dumps, const AccumulateOptions& options) {
+  OSCAR_CHECK(!dumps.empty(), "no dump given");
+  std::vector<std::unique_ptr<DumpReader>> readers;
+  for (const auto& path : dumps) readers.push_back(std::make_unique<DumpReader>(path));
+  const ModelGeometry geometry = readers[0]->info().geometry;
+  Statistics stats;
+  stats.geometry = geometry;
+  stats.inputs = dumps;
+  stats.score_queries = options.score_queries;
+  for (const auto& r : readers) {
+    const ModelGeometry& g = r->info().geometry;
+    OSCAR_CHECK(g.num_q_heads == geometry.num_q_heads && g.num_kv_heads == geometry.num_kv_heads &&
+                    g.head_dim == geometry.head_dim && g.num_layers == geometry.num_layers,
+                "{}: geometry differs from {} ({}q/{}kv heads, d {} vs {}q/{}kv heads, d {})", r->path(), dumps[0],
+                g.num_q_heads, g.num_kv_heads, g.head_dim, geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim);
+    OSCAR_CHECK(r->info().queries_kept_last == 0,
+                "{}: an evaluation dump (queries kept only for the last {} tokens of each sequence) cannot be used for "
+                "calibration", r->path(), r->info().queries_kept_last);
+    stats.tokens += r->info().tokens;
+  }
+  std::vector<int> layers = options.layers.empty() ? readers[0]->info().layers : options.layers;
+  for (int layer : layers)
+    for (const auto& r : readers)
+      OSCAR_CHECK(std::find(r->info().layers.begin(), r->info().layers.end(), layer) != r->info().layers.end(),
+                  "{}: layer {} is not in this dump", r->path(), layer);
+  if (options.query_stats) {
+    const ModelGeometry& q = options.query_stats->geometry;
+    OSCAR_CHECK(q.num_kv_heads == geometry.num_kv_heads && q.head_dim == geometry.head_dim &&
+                    q.num_q_heads == geometry.num_q_heads,
+                "query statistics geometry differs from the dumps'");
+    stats.proxy_query_source = options.query_stats_source;
+  } else {
+    std::string joined;
+    for (const auto& d : dumps) joined += (joined.empty() ? "" : ",") + d;
+    stats.proxy_query_source = "self:" + joined;
+  }
+  stats.allocate(layers);
+
+  const int d = geometry.head_dim, hq = geometry.num_q_heads, hkv = geometry.num_kv_heads, g = geometry.group_size();
+  const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  openblas_set_num_threads(1);  // parallelism is across KV heads; BLAS calls stay single-threaded
+  const size_t dd = static_cast<size_t>(d) * d;
+
+  // Work in token units: 2 streaming passes (+1 for scores) per layer per dump.
+  const double passes = options.score_queries > 0 ? 3.0 : 2.0;
+  Progress progress("accumulate", passes * stats.tokens * layers.size(), "tokens", options.quiet);
+
+  for (int layer : layers) {
+    LayerStatistics& ls = *const_cast<LayerStatistics*>(stats.find_layer(layer));
+    // Pass 1: C_Q, K^T K, V^T V.
+    for (const auto& r : readers) {
+      const int64_t tokens = r->info().tokens;
+      for (int64_t first = 0; first < tokens; first += options.block_tokens) {
+        const int64_t n = std::min(options.block_tokens, tokens - first);
+        LayerActivations a = r->read_layer(layer, first, n);
+        parallel_for(hkv, threads, [&](int h) {
+          std::vector<double> rows;
+          gather_rows(a.q, n, hq, h * g, g, d, rows);
+          add_gram(rows.data(), n * g, d, ls.of(Target::key_query).sum.data() + h * dd);
+          ls.of(Target::key_query).weight[h] += static_cast<double>(n * g);
+          gather_rows(a.k, n, hkv, h, 1, d, rows);
+          add_gram(rows.data(), n, d, ls.of(Target::key_gram).sum.data() + h * dd);
+          ls.of(Target::key_gram).weight[h] += static_cast<double>(n);
+          gather_rows(a.v, n, hkv, h, 1, d, rows);
+          add_gram(rows.data(), n, d, ls.of(Target::value_gram).sum.data() + h * dd);
+          ls.of(Target::value_gram).weight[h] += static_cast<double>(n);
+        });
+        progress.advance(static_cast<double>(n));
+      }
+    }
+    for (Target t : {Target::key_query, Target::key_gram, Target::value_gram})
+      for (int h = 0; h < hkv; ++h) symmetrise_upper(ls.of(t).sum.data() + h * dd, d);
+
+    // C_Q per KV head for the proxy weights.
+    std::vector<MatrixD> query_cov(hkv);
+    for (int h = 0; h < hkv; ++h) {
+      if (options.query_stats) {
+        query_cov[h] = options.query_stats->target_matrix(layer, Target::key_query, h);
+      } else {
+        query_cov[h] = Eigen::Map<const MatrixD>(ls.of(Target::key_query).sum.data() + h * dd, d, d) /
+                       ls.of(Target::key_query).weight[h];
+      }
+    }
+    // Pass 2: sum_t w_t v_t^T v_t with w_t = k_t C_Q k_t^T (>= 0: C_Q is positive semi-definite).
+    for (const auto& r : readers) {
+      const int64_t tokens = r->info().tokens;
+      for (int64_t first = 0; first < tokens; first += options.block_tokens) {
+        const int64_t n = std::min(options.block_tokens, tokens - first);
+        LayerActivations a = r->read_layer(layer, first, n);
+        parallel_for(hkv, threads, [&](int h) {
+          std::vector<double> keys, values;
+          gather_rows(a.k, n, hkv, h, 1, d, keys);
+          gather_rows(a.v, n, hkv, h, 1, d, values);
+          Eigen::Map<MatrixD> k(keys.data(), n, d), v(values.data(), n, d);
+          Eigen::VectorXd w = ((k * query_cov[h]).array() * k.array()).rowwise().sum().cwiseMax(0.0);
+          for (int64_t t = 0; t < n; ++t) v.row(t) *= std::sqrt(w[t]);
+          add_gram(values.data(), n, d, ls.of(Target::value_proxy).sum.data() + h * dd);
+          ls.of(Target::value_proxy).weight[h] += w.sum();
+        });
+        progress.advance(static_cast<double>(n));
+      }
+    }
+    for (int h = 0; h < hkv; ++h) symmetrise_upper(ls.of(Target::value_proxy).sum.data() + h * dd, d);
+
+    // Pass 3: attention outputs of sampled queries, per sequence (causal, never across sequences).
+    if (options.score_queries > 0) {
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      for (const auto& r : readers) {
+        const auto& offsets = r->info().sequence_offsets;
+        for (size_t s = 0; s + 1 < offsets.size(); ++s) {
+          const int64_t begin = offsets[s], length = offsets[s + 1] - offsets[s];
+          LayerActivations a = r->read_layer(layer, begin, length);
+          const int64_t samples = std::min(options.score_queries, length);
+          parallel_for(hkv, threads, [&](int h) {
+            std::vector<double> outputs(static_cast<size_t>(samples) * g * d, 0.0), logits;
+            for (int64_t i = 0; i < samples; ++i) {
+              // Evenly spaced positions, the last token included.
+              const int64_t t = length - 1 - (i * length) / samples;
+              logits.resize(t + 1);
+              for (int j = 0; j < g; ++j) {
+                const float* q = a.q.data() + (static_cast<size_t>(t) * hq + h * g + j) * d;
+                double max_logit = -1e300;
+                for (int64_t u = 0; u <= t; ++u) {
+                  const float* k = a.k.data() + (static_cast<size_t>(u) * hkv + h) * d;
+                  double dot = 0;
+                  for (int c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
+                  logits[u] = dot * scale;
+                  max_logit = std::max(max_logit, logits[u]);
+                }
+                double total = 0;
+                double* o = outputs.data() + (static_cast<size_t>(i) * g + j) * d;
+                for (int64_t u = 0; u <= t; ++u) {
+                  const double p = std::exp(logits[u] - max_logit);
+                  total += p;
+                  const float* v = a.v.data() + (static_cast<size_t>(u) * hkv + h) * d;
+                  for (int c = 0; c < d; ++c) o[c] += p * v[c];
+                }
+                for (int c = 0; c < d; ++c) o[c] /= total;
+              }
+            }
+            add_gram(outputs.data(), samples * g, d, ls.of(Target::value_scores).sum.data() + h * dd);
+            ls.of(Target::value_scores).weight[h] += static_cast<double>(samples * g);
+          });
+          progress.advance(static_cast<double>(length));
+        }
+      }
+      for (int h = 0; h < hkv; ++h) symmetrise_upper(ls.of(Target::value_scores).sum.data() + h * dd, d);
+    }
+  }
+  progress.finish();
+  return stats;
+}
+
+}  // namespace oscar

@@ -1,0 +1,33 @@
+// Streaming accumulation of the calibration statistics from dumps: layer by layer, block by block
+// (memory bounded by the block, not the dump), BLAS rank-k updates (dsyrk), KV heads in parallel.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "covariance/statistics.h"
+
+namespace oscar {
+
+struct AccumulateOptions {
+  std::vector<int> layers;          // empty: every layer of the first dump
+  int64_t block_tokens = 2048;      // tokens read per block
+  int64_t score_queries = 64;       // value_scores: queries sampled per sequence (0: skip the target)
+  int threads = 0;                  // 0: all cores
+  const Statistics* query_stats = nullptr;  // C_Q for the proxy weights; null: this run's own C_Q
+  std::string query_stats_source;   // recorded as proxy_query_source when query_stats is given
+  bool quiet = false;
+};
+
+Statistics accumulate_statistics(const std::vector<std::string>& dumps, const AccumulateOptions& options);
+
+// Adds x^T x of rows x [n, d] (row-major float64) into the upper triangle of sum [d, d] (dsyrk).
+void add_gram(const double* rows, int64_t n, int d, double* sum);
+// Copies the upper triangle of a [d, d] matrix to the lower one.
+void symmetrise_upper(double* matrix, int d);
+
+// Runs fn(i) for i in [0, n) on up to `threads` threads (deterministic: each i writes its own output).
+void parallel_for(int n, int threads, const std::function<void(int)>& fn);
+
+}  // namespace oscar
