@@ -1,0 +1,59 @@
+// Split-K flash-decoding over a paged segmented cache: INT2 history pages (2-bit codes in the quarter
+// layout + fp32 (scale, zero) per token) and BF16 pages (sink + recent tiers, or a whole plain BF16
+// cache for the baseline). One launch writes a partial output and log2-sum-exp per split;
+// decode_merge.h combines them (and un-rotates). CPU twin: lib/backend/paged_cache.h.
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace oscar::kernels {
+
+constexpr int kDecodeMaxGroup = 8;      // query heads per KV head handled by one CTA
+constexpr int kDecodeWarps = 4;         // warps per CTA
+constexpr int kInt2SplitQuantum = 256;  // INT2 tokens per split: a multiple of this (4 warps x 64)
+constexpr int kBf16SplitQuantum = 128;  // BF16 tokens per split: a multiple of this (4 warps x 32)
+
+struct PagedDecodeParams {
+  int batch = 0;         // B sequences
+  int num_kv_heads = 0;  // Hkv
+  int group = 0;         // g query heads per KV head (1..8); Hq = Hkv * g
+  int head_dim = 0;      // d in {64, 128, 256}
+  float softmax_scale = 0;
+  const float* queries = nullptr;  // [B, Hkv*g, d] already rotated (q . R_K); head hq = kv*g + j
+
+  // INT2 tier (may be absent: int2_splits = 0).
+  int int2_page_size = 0;                 // P tokens per page, multiple of 16
+  const uint8_t* key_codes = nullptr;     // [pages, Hkv, P, d/4] quarter layout
+  const uint8_t* value_codes = nullptr;   // [pages, Hkv, P, d/4]
+  const float* int2_metadata = nullptr;   // [pages, Hkv, P, 4] = (k_scale, k_zero, v_scale, v_zero)
+  const int32_t* int2_page_table = nullptr;  // [B, int2_max_pages]
+  int int2_max_pages = 0;
+  const int32_t* int2_lengths = nullptr;  // [B] INT2 tokens per sequence
+  int int2_splits = 0;                    // grid splits for the INT2 tier
+  int int2_chunk = 0;                     // tokens per split, multiple of kInt2SplitQuantum
+
+  // BF16 tier (may be absent: bf16_splits = 0). Token order inside it is irrelevant to softmax.
+  int bf16_page_size = 0;                 // tokens per page, multiple of 32
+  const uint16_t* bf16_keys = nullptr;    // [pages, Hkv, P16, d] bfloat16 bits
+  const uint16_t* bf16_values = nullptr;  // [pages, Hkv, P16, d]
+  const int32_t* bf16_page_table = nullptr;  // [B, bf16_max_pages]
+  int bf16_max_pages = 0;
+  const int32_t* bf16_lengths = nullptr;  // [B]
+  int bf16_splits = 0;
+  int bf16_chunk = 0;                     // multiple of kBf16SplitQuantum
+
+  // Outputs, splits_total = int2_splits + bf16_splits (INT2 splits first).
+  float* partial_out = nullptr;   // [B, Hkv, splits_total, g, d] normalised within the split
+  float* partial_lse2 = nullptr;  // [B, Hkv, splits_total, g] log2 sum exp2(logit*log2e); -inf if empty
+  int splits_total() const { return int2_splits + bf16_splits; }
+};
+
+// Throws std::invalid_argument with a clear message on unsupported shapes or bad pointers.
+void check_paged_decode(const PagedDecodeParams& params);
+void launch_paged_decode(const PagedDecodeParams& params, cudaStream_t stream);
+
+// Tokens per split so that the grid has about target_ctas CTAs for the longest sequence.
+int choose_split_chunk(long max_tokens, int batch, int num_kv_heads, int target_ctas, int quantum);
+
+}  // namespace oscar::kernels
