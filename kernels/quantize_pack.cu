@@ -1,0 +1,222 @@
+// Rotate-clip-quantise-pack kernel (see quantize_pack.h). CTA = 8 warps, 32 rows. With a rotation the
+// CTA first computes its [32, d] tile of x.R through shared memory (fp32 FMA); then each warp
+// quantises 4 rows: a lane holds channels lane + 32k. The clip threshold is found exactly by removing
+// extremes one at a time; every division and addition uses the _rn intrinsics (the library is built
+// with --use_fast_math) so codes and metadata match the CPU quantiser bit for bit.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "quantize_pack.h"
+
+namespace oscar::kernels {
+namespace {
+
+constexpr int kRowsPerCta = 32;
+constexpr int kThreads = 256;
+constexpr int kChunk = 32;  // k rows of the rotation staged per step
+
+__device__ __forceinline__ float round_metadata(float x, MetadataRounding type) {
+  if (type == MetadataRounding::fp16) return __half2float(__float2half_rn(x));
+  if (type == MetadataRounding::bf16) return __bfloat162float(__float2bfloat16_rn(x));
+  return x;
+}
+// std::min / std::max semantics: keep the first argument on ties.
+__device__ __forceinline__ float first_min(float a, float b) { return b < a ? b : a; }
+__device__ __forceinline__ float first_max(float a, float b) { return a < b ? b : a; }
+
+template <int D>
+__device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& p, long row) {
+  constexpr int NV = D / 32;
+  constexpr int Q = D / 4;
+  const int lane = threadIdx.x % 32;
+  if (p.clip_ratio < 1.0f) {
+    int idx = (int)floor((double)p.clip_ratio * D);
+    idx = idx < 0 ? 0 : (idx > D - 1 ? D - 1 : idx);
+    float a[NV];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) a[k] = fabsf(v[k]);
+    const int above = D - 1 - idx;
+    const bool from_top = above <= idx;
+    const int rounds = from_top ? above : idx;  // extremes removed before the threshold is the extreme left
+    unsigned removed = 0;
+    float tau = 0.f;
+    for (int r = 0; r <= rounds; ++r) {
+      float best = from_top ? -INFINITY : INFINITY;
+      int best_k = -1;
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        if (removed >> k & 1u) continue;
+        if (best_k < 0 || (from_top ? a[k] > best : a[k] < best)) best = a[k], best_k = k;
+      }
+      float wbest = best;
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) {
+        const float o = __shfl_xor_sync(0xffffffffu, wbest, off);
+        wbest = from_top ? fmaxf(wbest, o) : fminf(wbest, o);
+      }
+      if (r == rounds) {
+        tau = wbest;
+        break;
+      }
+      const unsigned holders = __ballot_sync(0xffffffffu, best_k >= 0 && best == wbest);
+      if (lane == __ffs(holders) - 1) removed |= 1u << best_k;
+    }
+#pragma unroll
+    for (int k = 0; k < NV; ++k) v[k] = v[k] < -tau ? -tau : (tau < v[k] ? tau : v[k]);
+  }
+  float mn = v[0], mx = v[0];
+#pragma unroll
+  for (int k = 1; k < NV; ++k) mn = first_min(mn, v[k]), mx = first_max(mx, v[k]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    mn = first_min(mn, __shfl_xor_sync(0xffffffffu, mn, off));
+    mx = first_max(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  }
+  float range = __fsub_rn(mx, mn);
+  range = range < 1e-8f ? 1e-8f : range;
+  const float scale = round_metadata(__fdiv_rn(range, 3.0f), p.metadata);
+  const float zero = round_metadata(__fdiv_rn(-mn, scale), p.metadata);
+  unsigned code[NV];
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    float c = floorf(__fadd_rn(__fadd_rn(__fdiv_rn(v[k], scale), zero), 0.5f));
+    c = c < 0.f ? 0.f : (3.f < c ? 3.f : c);
+    code[k] = (unsigned)c;
+  }
+  const long dst = p.destination_rows ? p.destination_rows[row] : row;
+  uint8_t* out = p.codes + dst * Q;
+  if constexpr (D >= 128) {
+    constexpr int M = Q / 32;  // bytes per lane
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      unsigned byte = 0;
+#pragma unroll
+      for (int qq = 0; qq < 4; ++qq) byte |= code[m + qq * M] << (2 * qq);
+      out[lane + 32 * m] = (uint8_t)byte;
+    }
+  } else {  // D = 64: Q = 16, quarters 1 and 3 live in lane + 16
+    const unsigned c0 = __shfl_down_sync(0xffffffffu, code[0], 16);
+    const unsigned c1 = __shfl_down_sync(0xffffffffu, code[1], 16);
+    if (lane < 16) out[lane] = (uint8_t)(code[0] | c0 << 2 | code[1] << 4 | c1 << 6);
+  }
+  if (lane == 0) {
+    float* meta = p.metadata_out + dst * p.metadata_stride + p.metadata_offset;
+    meta[0] = scale;
+    meta[1] = zero;
+  }
+}
+
+template <int D, bool ROTATE>
+__global__ void __launch_bounds__(kThreads) quantize_pack_kernel(const QuantizePackParams p) {
+  constexpr int NV = D / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const long row0 = (long)blockIdx.x * kRowsPerCta;
+  if constexpr (!ROTATE) {
+    for (int r = warp; r < kRowsPerCta; r += kThreads / 32) {
+      const long row = row0 + r;
+      if (row >= p.rows) break;
+      float v[NV];
+#pragma unroll
+      for (int k = 0; k < NV; ++k) v[k] = __ldg(p.input + row * D + lane + 32 * k);
+      quantize_row_warp<D>(v, p, row);
+    }
+  } else {
+    extern __shared__ __align__(16) float smem[];
+    float* xs = smem;                          // [32][D + 4]
+    float* rs = smem + kRowsPerCta * (D + 4);  // [kChunk][D]
+    constexpr int XS = D + 4;
+    for (int i = threadIdx.x; i < kRowsPerCta * D; i += kThreads) {
+      const int r = i / D, c = i % D;
+      xs[r * XS + c] = row0 + r < p.rows ? __ldg(p.input + (row0 + r) * D + c) : 0.f;
+    }
+    constexpr int CC = D == 256 ? 8 : 4;
+    constexpr int COL_GROUPS = D / CC;
+    constexpr int RR = kRowsPerCta * COL_GROUPS / kThreads;
+    const int cg = threadIdx.x % COL_GROUPS, rg = threadIdx.x / COL_GROUPS;
+    float acc[RR][CC];
+#pragma unroll
+    for (int r = 0; r < RR; ++r)
+#pragma unroll
+      for (int c = 0; c < CC; ++c) acc[r][c] = 0.f;
+    for (int k0 = 0; k0 < D; k0 += kChunk) {
+      __syncthreads();
+      for (int i = threadIdx.x * 4; i < kChunk * D; i += kThreads * 4)
+        *reinterpret_cast<float4*>(rs + i) = __ldg(reinterpret_cast<const float4*>(p.rotation + (size_t)k0 * D + i));
+      __syncthreads();
+#pragma unroll 8
+      for (int k = 0; k < kChunk; ++k) {
+        float rv[CC];
+#pragma unroll
+        for (int c = 0; c < CC; c += 4) {
+          const float4 t = *reinterpret_cast<const float4*>(rs + k * D + cg * CC + c);
+          rv[c] = t.x, rv[c + 1] = t.y, rv[c + 2] = t.z, rv[c + 3] = t.w;
+        }
+#pragma unroll
+        for (int r = 0; r < RR; ++r) {
+          const float xv = xs[(rg * RR + r) * XS + k0 + k];
+#pragma unroll
+          for (int c = 0; c < CC; ++c) acc[r][c] = fmaf(xv, rv[c], acc[r][c]);
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < RR; ++r)
+#pragma unroll
+      for (int c = 0; c < CC; ++c) xs[(rg * RR + r) * XS + cg * CC + c] = acc[r][c];
+    __syncthreads();
+    for (int r = warp; r < kRowsPerCta; r += kThreads / 32) {
+      const long row = row0 + r;
+      if (row >= p.rows) break;
+      float v[NV];
+#pragma unroll
+      for (int k = 0; k < NV; ++k) v[k] = xs[r * XS + lane + 32 * k];
+      quantize_row_warp<D>(v, p, row);
+    }
+  }
+}
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw std::invalid_argument("quantize-pack: " + message);
+}
+
+template <int D>
+void launch_dim(const QuantizePackParams& p, cudaStream_t stream) {
+  const unsigned blocks = (unsigned)((p.rows + kRowsPerCta - 1) / kRowsPerCta);
+  if (p.rotation) {
+    const int smem = (kRowsPerCta * (D + 4) + kChunk * D) * (int)sizeof(float);
+    cudaFuncSetAttribute(quantize_pack_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    quantize_pack_kernel<D, true><<<blocks, kThreads, smem, stream>>>(p);
+  } else {
+    quantize_pack_kernel<D, false><<<blocks, kThreads, 0, stream>>>(p);
+  }
+}
+
+}  // namespace
+
+void check_quantize_pack(const QuantizePackParams& p) {
+  require(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256,
+          "head_dim " + std::to_string(p.head_dim) + " is not supported (64, 128 or 256)");
+  require(p.rows >= 0, "negative row count");
+  require(p.clip_ratio > 0.f && p.clip_ratio <= 1.f, "clip ratio outside (0, 1]");
+  require(p.metadata_stride >= 2 && p.metadata_offset >= 0 && p.metadata_offset + 2 <= p.metadata_stride,
+          "metadata stride/offset do not fit (scale, zero)");
+  require(p.rows == 0 || (p.input && p.codes && p.metadata_out), "null pointer");
+}
+
+void launch_quantize_pack(const QuantizePackParams& p, cudaStream_t stream) {
+  check_quantize_pack(p);
+  if (p.rows == 0) return;
+  switch (p.head_dim) {
+    case 64: launch_dim<64>(p, stream); break;
+    case 128: launch_dim<128>(p, stream); break;
+    case 256: launch_dim<256>(p, stream); break;
+    default: break;
+  }
+}
+
+}  // namespace oscar::kernels

@@ -1,0 +1,31 @@
+// Rotate-clip-quantise-pack of K or V rows (one row per token and KV head) into the INT2 serving
+// layout: d/4 bytes of codes in the quarter layout and one (scale, zero) per row, bit-identical to
+// oscar::quantize_row + pack_codes on the same rotated row. Serves prefill and the demotion of the
+// oldest recent-window tokens into INT2 pages. CPU twin: quantize_pack_rows_reference (lib/backend).
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace oscar::kernels {
+
+enum class MetadataRounding : int { fp16 = 0, bf16 = 1, fp32 = 2 };
+
+struct QuantizePackParams {
+  long rows = 0;                   // N rows
+  int head_dim = 0;                // d in {64, 128, 256}
+  const float* input = nullptr;    // [N, d]
+  const float* rotation = nullptr; // [d, d], rows are rotated as x_row @ rotation; null = identity
+  float clip_ratio = 1.0f;         // (0, 1]; 1 = no clipping
+  MetadataRounding metadata = MetadataRounding::fp32;  // rounding of scale and zero (stored as fp32)
+  uint8_t* codes = nullptr;        // [*, d/4] indexed by destination row
+  float* metadata_out = nullptr;   // [*, metadata_stride]: scale at +offset, zero at +offset+1
+  int metadata_stride = 2;         // floats per destination row (4 in the paged layout: k s, k z, v s, v z)
+  int metadata_offset = 0;         // 0 for keys, 2 for values in the paged layout
+  const int64_t* destination_rows = nullptr;  // [N] destination row of each input row; null = identity
+};
+
+void check_quantize_pack(const QuantizePackParams& params);
+void launch_quantize_pack(const QuantizePackParams& params, cudaStream_t stream);
+
+}  // namespace oscar::kernels
