@@ -1,0 +1,95 @@
+// Host API of the CUDA decode path (CUDA builds only): device buffers, the paged cache uploaded in
+// its serving layout, and the decode (split-K kernel + merge/un-rotation kernel) as one call.
+// The CPU twin of every piece is in backend/paged_cache.h.
+#pragma once
+#ifdef OSCAR_WITH_CUDA
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/paged_cache.h"
+
+namespace oscar {
+
+// Throws oscar::Error("<what>: <CUDA error string>") unless status is cudaSuccess.
+void cuda_check(cudaError_t status, const char* what);
+
+// Owning device allocation of n elements of T (cudaMalloc; no managed memory).
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) { resize(n); }
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), size_(other.size_) { other.ptr_ = nullptr, other.size_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) release(), ptr_ = other.ptr_, size_ = other.size_, other.ptr_ = nullptr, other.size_ = 0;
+    return *this;
+  }
+  void resize(size_t n) {  // contents are lost
+    if (n == size_ && ptr_) return;
+    release();
+    cuda_check(cudaMalloc(reinterpret_cast<void**>(&ptr_), (n > 0 ? n : 1) * sizeof(T)), "cudaMalloc");
+    size_ = n;
+  }
+  void upload(const T* host, size_t n) {
+    if (n > size_ || !ptr_) resize(n);
+    if (n) cuda_check(cudaMemcpy(ptr_, host, n * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy to device");
+  }
+  void upload(const std::vector<T>& host) { upload(host.data(), host.size()); }
+  std::vector<T> download(size_t n) const {
+    std::vector<T> host(n);
+    if (n) cuda_check(cudaMemcpy(host.data(), ptr_, n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+    return host;
+  }
+  std::vector<T> download() const { return download(size_); }
+  T* get() const { return ptr_; }
+  size_t size() const { return size_; }
+
+ private:
+  void release() {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = nullptr;
+    size_ = 0;
+  }
+  T* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// The paged cache on the device, same layout as HostPagedCache.
+struct DevicePagedCache {
+  PagedCacheGeometry geometry;
+  int int2_max_pages = 0, bf16_max_pages = 0;
+  int max_int2_length = 0, max_bf16_length = 0;
+  DeviceBuffer<int32_t> int2_lengths, bf16_lengths, int2_page_table, bf16_page_table;
+  DeviceBuffer<uint8_t> key_codes, value_codes;
+  DeviceBuffer<float> int2_metadata;
+  DeviceBuffer<uint16_t> bf16_keys, bf16_values;
+  void upload(const HostPagedCache& host);
+};
+
+// Splits of each tier: about ctas_per_sm * SMs CTAs over the longest sequence (0 splits if a tier is empty).
+struct CudaDecodePlan {
+  int int2_splits = 0, int2_chunk = 256, bf16_splits = 0, bf16_chunk = 128;
+  int splits_total() const { return int2_splits + bf16_splits; }
+};
+CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int ctas_per_sm = 4);
+int cuda_multiprocessor_count();
+
+// Runs decode: partials (one launch) then merge + un-rotation (one launch) on stream. queries and out
+// are device pointers [B, Hq, d]; value_rotation_t is R_V^T [d, d] on the device or null.
+class CudaPagedDecoder {
+ public:
+  void run(const DevicePagedCache& cache, const CudaDecodePlan& plan, const float* queries, float softmax_scale,
+           const float* value_rotation_t, float* out, cudaStream_t stream = nullptr);
+
+ private:
+  DeviceBuffer<float> partial_out_, partial_lse2_;
+};
+
+}  // namespace oscar
+#endif
