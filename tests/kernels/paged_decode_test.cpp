@@ -1,0 +1,166 @@
+// GPU paged decode (split-K partials + merge/un-rotation) against the float64 CPU twin
+// paged_decode_reference on random caches: odd context lengths, page and split boundaries, ragged
+// batches, empty tiers, GQA 1/4/8, d 64/128/256.
+// Tolerance: the GPU rounds q and the PV weights p*s_v to fp16 (11-bit significand) for the tensor
+// cores and accumulates in fp32; a BF16 serving pipeline rounds q to bf16 (8 bits). So we require
+// ||gpu - ref|| / ||ref|| <= 2 x (the error of the reference itself when q is rounded to bf16) + 1e-5.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "backend/cuda_paged.h"
+#include "backend/decode_backend.h"
+#include "backend/paged_cache.h"
+#include "common/float16.h"
+#include "gpu_test_util.h"
+#include "paged_decode.h"
+
+namespace oscar {
+namespace {
+
+struct DecodeCase {
+  int dim, group, kv_heads;
+  std::vector<int32_t> int2_lengths, bf16_lengths;
+  int int2_page = 64, bf16_page = 64;
+  int ctas_per_sm = 4;  // large values force many small splits
+  bool rotate = true;
+  std::string label;
+};
+
+HostPagedCache random_cache(const DecodeCase& c, uint64_t seed) {
+  PagedCacheGeometry g;
+  g.batch = static_cast<int>(c.int2_lengths.size());
+  g.num_kv_heads = c.kv_heads;
+  g.group = c.group;
+  g.head_dim = c.dim;
+  g.int2_page_size = c.int2_page;
+  g.bf16_page_size = c.bf16_page;
+  HostPagedCache cache = make_paged_cache(g, c.int2_lengths, c.bf16_lengths, seed);
+  QuantizerConfig kc, vc;
+  kc.clip_ratio = 0.96f;
+  vc.clip_ratio = 0.92f;
+  kc.metadata = vc.metadata = MetadataType::fp32;
+  for (int b = 0; b < g.batch; ++b)
+    for (int kv = 0; kv < g.num_kv_heads; ++kv) {
+      const uint64_t s = seed * 1000 + b * 16 + kv;
+      const int n2 = c.int2_lengths[b], n16 = c.bf16_lengths[b];
+      auto k2 = test::random_normal(static_cast<size_t>(n2) * c.dim, s + 1);
+      auto v2 = test::random_normal(static_cast<size_t>(n2) * c.dim, s + 2);
+      fill_int2_tier(cache, b, kv, k2.data(), v2.data(), n2, kc, vc);
+      auto k16 = test::random_normal(static_cast<size_t>(n16) * c.dim, s + 3);
+      auto v16 = test::random_normal(static_cast<size_t>(n16) * c.dim, s + 4);
+      fill_bf16_tier(cache, b, kv, k16.data(), v16.data(), n16);
+    }
+  return cache;
+}
+
+void run_case(const DecodeCase& c) {
+  SCOPED_TRACE(c.label);
+  HostPagedCache host = random_cache(c, 17);
+  const auto& g = host.geometry;
+  const int d = c.dim;
+  const size_t qn = static_cast<size_t>(g.batch) * g.num_q_heads() * d;
+  auto q = test::random_normal(qn, 23, 2.0f);  // sharper than uniform attention
+  std::vector<float> rotation, rotation_t;
+  if (c.rotate) {
+    rotation = test::random_normal(static_cast<size_t>(d) * d, 29, 1.0f / std::sqrt(static_cast<float>(d)));
+    rotation_t.resize(rotation.size());
+    for (int i = 0; i < d; ++i)
+      for (int j = 0; j < d; ++j) rotation_t[static_cast<size_t>(i) * d + j] = rotation[static_cast<size_t>(j) * d + i];
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<float> ref(qn), ref_bf16q(qn);
+  paged_decode_reference(host, q.data(), scale, c.rotate ? rotation.data() : nullptr, ref.data());
+  std::vector<float> q_bf16(q);
+  for (auto& v : q_bf16) v = round_to_bf16(v);
+  paged_decode_reference(host, q_bf16.data(), scale, c.rotate ? rotation.data() : nullptr, ref_bf16q.data());
+
+  DevicePagedCache dev;
+  dev.upload(host);
+  DeviceBuffer<float> dq, dout, drot;
+  dq.upload(q);
+  dout.upload(std::vector<float>(qn, std::numeric_limits<float>::quiet_NaN()));  // poison
+  if (c.rotate) drot.upload(rotation_t);
+  CudaPagedDecoder decoder;
+  CudaDecodePlan plan = plan_cuda_decode(dev, cuda_multiprocessor_count(), c.ctas_per_sm);
+  decoder.run(dev, plan, dq.get(), static_cast<float>(scale), c.rotate ? drot.get() : nullptr, dout.get());
+  cuda_check(cudaDeviceSynchronize(), "decode");
+  auto out = dout.download();
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_TRUE(std::isfinite(out[i])) << "output " << i << " not written";
+  const double err = test::relative_error(out, ref);
+  const double own = test::relative_error(ref_bf16q, ref);
+  ::testing::Test::RecordProperty("rel_err", std::to_string(err));
+  EXPECT_LE(err, 2.0 * own + 1e-5) << "rel err " << err << ", bf16-q reference error " << own << ", splits "
+                                   << plan.int2_splits << "+" << plan.bf16_splits;
+  EXPECT_LT(err, 5e-3);
+}
+
+TEST(PagedDecode, ContextLengthsAroundPageBoundaries) {
+  for (int n : {1, 63, 64, 65, 127, 129, 1000}) {
+    run_case({128, 4, 2, {n}, {0}, 64, 64, 4, true, "int2 only, n=" + std::to_string(n)});
+    run_case({128, 4, 2, {n}, {n}, 64, 64, 4, true, "int2+bf16, n=" + std::to_string(n)});
+  }
+}
+
+TEST(PagedDecode, EmptyTiers) {
+  run_case({128, 4, 2, {0}, {320}, 64, 64, 4, true, "no INT2 tokens yet"});
+  run_case({128, 4, 2, {0, 5}, {64, 0}, 64, 64, 4, true, "one sequence per tier"});
+  run_case({128, 4, 2, {3000}, {0}, 64, 64, 4, false, "no recent tokens, no rotation"});
+}
+
+TEST(PagedDecode, SplitBoundariesAndRaggedBatch) {
+  // 40 CTAs per SM forces the smallest split (256 tokens): lengths straddle split edges.
+  run_case({128, 4, 8, {255, 256, 257, 511, 512, 513, 4097}, {1, 64, 320, 0, 33, 129, 7}, 16, 32, 40, true,
+            "ragged, page 16/32, many splits"});
+  run_case({128, 4, 8, {20000, 1, 700}, {320, 320, 320}, 256, 64, 4, true, "ragged, page 256"});
+}
+
+TEST(PagedDecode, GqaRatiosAndHeadDims) {
+  for (int d : {64, 128, 256})
+    for (int g : {1, 4, 8})
+      run_case({d, g, 2, {1500, 77}, {320, 65}, 64, 64, 8, true,
+                "d=" + std::to_string(d) + " g=" + std::to_string(g)});
+  run_case({128, 3, 3, {900}, {100}, 32, 32, 8, true, "odd group 3"});
+}
+
+TEST(PagedDecode, RefusesUnsupportedShapes) {
+  kernels::PagedDecodeParams p;
+  p.batch = 1, p.num_kv_heads = 1, p.group = 4, p.head_dim = 96;
+  EXPECT_THROW(kernels::check_paged_decode(p), std::invalid_argument);
+  p.head_dim = 128, p.group = 9;
+  EXPECT_THROW(kernels::check_paged_decode(p), std::invalid_argument);
+}
+
+TEST(CudaDecodeBackend, MatchesCpuBackend) {
+  const int d = 128, history = 777, sink = 64, recent = 100, nq = 4;
+  auto k = test::random_normal(static_cast<size_t>(history) * d, 1), v = test::random_normal(static_cast<size_t>(history) * d, 2);
+  QuantizerConfig config;
+  config.group_size = 0;
+  config.clip_ratio = 0.96f;
+  QuantizedRows hk = quantize_rows(k.data(), history, d, config), hv = quantize_rows(v.data(), history, d, config);
+  auto sk = test::random_normal(static_cast<size_t>(sink) * d, 3), sv = test::random_normal(static_cast<size_t>(sink) * d, 4);
+  auto rk = test::random_normal(static_cast<size_t>(recent) * d, 5), rv = test::random_normal(static_cast<size_t>(recent) * d, 6);
+  for (auto* vec : {&sk, &sv, &rk, &rv})
+    for (auto& x : *vec) x = round_to_bf16(x);
+  SegmentedCacheView view;
+  view.dim = d;
+  view.sink_tokens = sink, view.sink_keys = sk.data(), view.sink_values = sv.data();
+  view.history_keys = &hk, view.history_values = &hv;
+  view.recent_tokens = recent, view.recent_keys = rk.data(), view.recent_values = rv.data();
+  auto q = test::random_normal(static_cast<size_t>(nq) * d, 7, 2.0f);
+  auto rot = test::random_normal(static_cast<size_t>(d) * d, 8, 1.0f / std::sqrt(128.0f));
+  DecodeRequest request;
+  request.cache = &view;
+  request.queries = q.data();
+  request.num_queries = nq;
+  request.softmax_scale = 1.0 / std::sqrt(128.0);
+  request.value_rotation = rot.data();
+  std::vector<float> cpu(static_cast<size_t>(nq) * d), gpu(cpu.size());
+  make_decode_backend("cpu")->decode(request, cpu.data());
+  make_decode_backend("cuda")->decode(request, gpu.data());
+  EXPECT_LT(test::relative_error(gpu, cpu), 2e-3);
+}
+
+}  // namespace
+}  // namespace oscar

@@ -1,0 +1,155 @@
+// GPU rotate-clip-quantise-pack against the CPU quantiser: codes and metadata bit-identical on
+// already-rotated rows (identity rotation); with a rotation, x.R differs from the CPU by float
+// summation order only, so codes may move by one step where a value sits on a rounding boundary.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "backend/cuda_paged.h"
+#include "backend/paged_cache.h"
+#include "gpu_test_util.h"
+#include "quantize_pack.h"
+
+namespace oscar {
+namespace {
+
+kernels::MetadataRounding rounding_of(MetadataType t) {
+  return t == MetadataType::fp16 ? kernels::MetadataRounding::fp16
+         : t == MetadataType::bf16 ? kernels::MetadataRounding::bf16
+                                   : kernels::MetadataRounding::fp32;
+}
+
+struct QuantCase {
+  int dim;
+  long rows;
+  float clip;
+  MetadataType metadata;
+  bool integer_grid;  // values k/8 with many ties
+};
+
+class QuantizePackExact : public ::testing::TestWithParam<QuantCase> {};
+
+TEST_P(QuantizePackExact, BitIdenticalToCpuQuantizer) {
+  const QuantCase c = GetParam();
+  const int d = c.dim, Q = d / 4, stride = 4, offset = 2;
+  std::vector<float> x = test::random_normal(static_cast<size_t>(c.rows) * d, 1234 + d + c.rows, 2.0f);
+  if (c.integer_grid)
+    for (auto& v : x) v = std::round(v * 4.0f) / 8.0f;
+  // A few rows with outliers and a constant row.
+  if (c.rows > 3) {
+    x[5] = 40.0f;
+    x[d + 7] = -35.0f;
+    for (int i = 0; i < d; ++i) x[2 * static_cast<size_t>(d) + i] = 0.5f;
+  }
+  std::vector<int64_t> dst(c.rows);
+  std::iota(dst.begin(), dst.end(), 0);
+  std::shuffle(dst.begin(), dst.end(), std::mt19937_64(99));
+  QuantizerConfig config;
+  config.clip_ratio = c.clip;
+  config.metadata = c.metadata;
+  std::vector<uint8_t> ref_codes(static_cast<size_t>(c.rows) * Q, 0);
+  std::vector<float> ref_meta(static_cast<size_t>(c.rows) * stride, 0.f);
+  quantize_pack_rows_reference(x.data(), c.rows, d, nullptr, config, ref_codes.data(), ref_meta.data(), stride,
+                               offset, dst.data());
+
+  DeviceBuffer<float> dx, dmeta;
+  DeviceBuffer<uint8_t> dcodes;
+  DeviceBuffer<int64_t> ddst;
+  dx.upload(x);
+  ddst.upload(dst);
+  dcodes.upload(std::vector<uint8_t>(ref_codes.size(), 0xAB));  // poison
+  dmeta.upload(std::vector<float>(ref_meta.size(), 0.f));
+  kernels::QuantizePackParams p;
+  p.rows = c.rows;
+  p.head_dim = d;
+  p.input = dx.get();
+  p.clip_ratio = c.clip;
+  p.metadata = rounding_of(c.metadata);
+  p.codes = dcodes.get();
+  p.metadata_out = dmeta.get();
+  p.metadata_stride = stride;
+  p.metadata_offset = offset;
+  p.destination_rows = ddst.get();
+  kernels::launch_quantize_pack(p, nullptr);
+  cuda_check(cudaGetLastError(), "launch");
+  cuda_check(cudaDeviceSynchronize(), "sync");
+  auto codes = dcodes.download();
+  auto meta = dmeta.download();
+  long code_mismatch = 0, meta_mismatch = 0;
+  for (size_t i = 0; i < codes.size(); ++i) code_mismatch += codes[i] != ref_codes[i];
+  for (size_t i = 0; i < meta.size(); ++i) meta_mismatch += std::memcmp(&meta[i], &ref_meta[i], 4) != 0;
+  EXPECT_EQ(code_mismatch, 0) << "packed bytes differ";
+  EXPECT_EQ(meta_mismatch, 0) << "metadata bits differ";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, QuantizePackExact,
+    ::testing::Values(QuantCase{128, 1, 1.0f, MetadataType::fp32, false},
+                      QuantCase{128, 1000, 0.96f, MetadataType::fp32, false},
+                      QuantCase{128, 1000, 0.92f, MetadataType::fp16, false},
+                      QuantCase{128, 777, 0.96f, MetadataType::bf16, true},
+                      QuantCase{128, 513, 0.5f, MetadataType::fp16, true},
+                      QuantCase{64, 999, 0.96f, MetadataType::fp32, false},
+                      QuantCase{64, 65, 0.92f, MetadataType::fp16, true},
+                      QuantCase{256, 333, 0.96f, MetadataType::fp32, false},
+                      QuantCase{256, 129, 0.92f, MetadataType::bf16, true},
+                      QuantCase{256, 63, 0.1f, MetadataType::fp16, false}));
+
+TEST(QuantizePack, RotationWithinFloatTolerance) {
+  for (int d : {64, 128, 256}) {
+    const long rows = 2000;
+    const int Q = d / 4;
+    auto x = test::random_normal(static_cast<size_t>(rows) * d, 5 + d);
+    auto rot = test::random_normal(static_cast<size_t>(d) * d, 6 + d, 1.0f / std::sqrt(static_cast<float>(d)));
+    QuantizerConfig config;
+    config.clip_ratio = 0.96f;
+    config.metadata = MetadataType::fp32;
+    std::vector<uint8_t> ref_codes(static_cast<size_t>(rows) * Q);
+    std::vector<float> ref_meta(static_cast<size_t>(rows) * 2);
+    quantize_pack_rows_reference(x.data(), rows, d, rot.data(), config, ref_codes.data(), ref_meta.data(), 2, 0,
+                                 nullptr);
+    DeviceBuffer<float> dx, drot, dmeta(ref_meta.size());
+    DeviceBuffer<uint8_t> dcodes(ref_codes.size());
+    dx.upload(x);
+    drot.upload(rot);
+    kernels::QuantizePackParams p;
+    p.rows = rows;
+    p.head_dim = d;
+    p.input = dx.get();
+    p.rotation = drot.get();
+    p.clip_ratio = 0.96f;
+    p.codes = dcodes.get();
+    p.metadata_out = dmeta.get();
+    kernels::launch_quantize_pack(p, nullptr);
+    cuda_check(cudaGetLastError(), "launch");
+    cuda_check(cudaDeviceSynchronize(), "sync");
+    auto codes = dcodes.download();
+    auto meta = dmeta.download();
+    // Metadata: within a few float ulps relative (x.R differs by summation order, ~1e-6 relative).
+    for (size_t i = 0; i < meta.size(); i += 2) {
+      ASSERT_NEAR(meta[i], ref_meta[i], 1e-4 * std::fabs(ref_meta[i]) + 1e-7) << "scale of row " << i / 2;
+      ASSERT_NEAR(meta[i + 1], ref_meta[i + 1], 1e-4 * std::fabs(ref_meta[i + 1]) + 1e-6) << "zero of row " << i / 2;
+    }
+    // Codes: unpacked, at most one step apart, and rare (values on a rounding boundary).
+    long moved = 0;
+    for (size_t i = 0; i < codes.size(); ++i)
+      for (int s = 0; s < 8; s += 2) {
+        const int a = codes[i] >> s & 3, b = ref_codes[i] >> s & 3;
+        ASSERT_LE(std::abs(a - b), 1);
+        moved += a != b;
+      }
+    EXPECT_LE(moved, rows * d / 1000) << "d " << d;
+  }
+}
+
+TEST(QuantizePack, RefusesUnsupportedShapes) {
+  kernels::QuantizePackParams p;
+  p.rows = 1;
+  p.head_dim = 96;
+  EXPECT_THROW(kernels::check_quantize_pack(p), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace oscar
