@@ -104,7 +104,9 @@ void File::create_group(const std::string& group) {
   if (exists(group)) return;
   Handle plist(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(plist.id(), 1);
-  hid_t id = H5Gcreate2(this->id(), group.c_str(), plist.id(), H5P_DEFAULT, H5P_DEFAULT);
+  Handle group_plist(H5Pcreate(H5P_GROUP_CREATE), H5Pclose);
+  H5Pset_obj_track_times(group_plist.id(), 0);  // no time stamps: identical inputs, identical files
+  hid_t id = H5Gcreate2(this->id(), group.c_str(), plist.id(), group_plist.id(), H5P_DEFAULT);
   OSCAR_CHECK(id >= 0, "{}: cannot create group '{}'", path_, group);
   H5Gclose(id);
 }
@@ -232,6 +234,7 @@ void File::create_dataset(const std::string& dataset, Element element, const std
   std::vector<hsize_t> dims(shape.begin(), shape.end());
   Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
   Handle plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_obj_track_times(plist.id(), 0);
   size_t row_bytes = element_bytes(element);
   for (size_t i = 1; i < dims.size(); ++i) row_bytes *= dims[i];
   if (!dims.empty() && dims[0] > 0 && row_bytes > 0) {
@@ -374,7 +377,9 @@ void File::write_whole(const std::string& dataset, const std::vector<int64_t>& s
   if (slash != std::string::npos && slash > 0) create_group(dataset.substr(0, slash));
   std::vector<hsize_t> dims(shape.begin(), shape.end());
   Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-  Handle d(H5Dcreate2(id(), dataset.c_str(), file_type, space.id(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+  Handle plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_obj_track_times(plist.id(), 0);
+  Handle d(H5Dcreate2(id(), dataset.c_str(), file_type, space.id(), H5P_DEFAULT, plist.id(), H5P_DEFAULT), H5Dclose);
   OSCAR_CHECK(d.valid(), "{}: cannot create dataset '{}'", path_, dataset);
   OSCAR_CHECK(H5Dwrite(d.id(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0, "{}: cannot write '{}'", path_,
               dataset);

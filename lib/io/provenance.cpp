@@ -1,7 +1,6 @@
 // Provenance strings and file hashes (see provenance.h).
 #include "io/provenance.h"
 
-#include <ctime>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -19,10 +18,6 @@ std::string make_provenance(const std::string& tool, const std::string& command,
   j["command"] = command;
   j["inputs"] = inputs;
   if (seed >= 0) j["seed"] = seed;
-  std::time_t now = std::time(nullptr);
-  char when[32];
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  j["created"] = when;
   return j.dump();
 }
 

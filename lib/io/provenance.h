@@ -1,5 +1,5 @@
-// Provenance recorded in every file a tool writes: tool, toolkit version, command line, inputs, seed,
-// UTC time. Stored as a JSON string attribute "provenance" on the root group.
+// Provenance recorded in every file a tool writes: tool, toolkit version, command line, inputs, seed
+// (no time stamp, so equal inputs give bit-identical files). Stored as a JSON string attribute "provenance" on the root group.
 #pragma once
 #include <cstdint>
 #include <string>
