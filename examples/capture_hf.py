@@ -105,9 +105,11 @@ def parse_args(argv=None):
                    help="N > 0: zero the queries of all but the last N tokens of each sequence (an evaluation "
                    "file; sets root attribute queries_kept_last=N). Default 0 keeps every query")
     p.add_argument("--verify", action="store_true",
-                   help="on the first sequence, check that softmax(q k^T * scale) V from the stored (rounded) tensors "
-                   "reproduces the model's own attention output at every position, and that the probabilities match "
-                   "an eager-attention run with output_attentions on the first --verify-tokens tokens")
+                   help="on the first sequence, check that causal softmax(q k^T * scale) v from the captured tensors "
+                   "(float32 and the stored rounding) reproduces the model's own attention output (the first "
+                   "--verify-tokens positions, the last 256 or --keep-queries-last, and ~512 in between), and that "
+                   "the probabilities match an eager-attention run with output_attentions on the first --verify-tokens tokens; "
+                   "results go to stderr and to the files' provenance")
     p.add_argument("--verify-tokens", type=int, default=512, help="prefix length of the eager output_attentions check (default 512)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: all cores)")
     p.add_argument("--name", default=None, help="file stem instead of each text's stem (only with one text)")
@@ -241,71 +243,82 @@ def from_storage(np, torch, a, dtype):
     return torch.from_numpy(np.asarray(a, dtype=np.float32))
 
 
-def reference_attention(torch, q, k, v, scaling, rows=None, chunk=512):
-    """Causal softmax(q k^T * scaling) v with GQA (query head h reads KV head h // g), float64.
-    q [T, Hq, d], k/v [T, Hkv, d] -> out [T, Hq, d]; probabilities of `rows` (a prefix length) too."""
-    T, hq, d = q.shape
-    hkv = k.shape[1]
-    g = hq // hkv
+def reference_attention(torch, q, k, v, scaling, positions, prefix=0):
+    """Causal softmax(q k^T * scaling) v with GQA (query head h reads KV head h // g), in float64, for the
+    query `positions` only. q [T, Hq, d], k/v [T, Hkv, d] -> out [P, Hq, d]; with prefix n > 0 also the
+    probabilities [Hq, n, n] of the first n queries over the first n keys."""
+    hq, d = q.shape[1], q.shape[2]
+    g = hq // k.shape[1]
+    pos = torch.as_tensor(positions, dtype=torch.long)
     q64, k64, v64 = q.double(), k.double(), v.double()
-    out = torch.empty(T, hq, d, dtype=torch.float64)
-    probs = torch.empty(hq, rows, rows, dtype=torch.float64) if rows else None
+    out = torch.empty(len(pos), hq, d, dtype=torch.float64)
+    probs = torch.empty(hq, prefix, prefix, dtype=torch.float64) if prefix else None
+    keys = torch.arange(k.shape[0])
     for h in range(hq):
         kh, vh = k64[:, h // g, :], v64[:, h // g, :]
-        for s in range(0, T, chunk):
-            e = min(T, s + chunk)
-            logits = (q64[s:e, h, :] @ kh[:e].T) * scaling               # [e-s, e]
-            mask = torch.arange(e)[None, :] > torch.arange(s, e)[:, None]
-            logits.masked_fill_(mask, float("-inf"))
-            p = torch.softmax(logits, dim=-1)
-            out[s:e, h, :] = p @ vh[:e]
-            if rows and s < rows:
-                r_end = min(e, rows)
-                probs[h, s:r_end, :] = p[: r_end - s, :rows]
+        for s in range(0, len(pos), 256):
+            p = pos[s : s + 256]
+            logits = (q64[p, h, :] @ kh.T) * scaling                      # [P, T]
+            logits.masked_fill_(keys[None, :] > p[:, None], float("-inf"))
+            out[s : s + 256, h, :] = torch.softmax(logits, dim=-1) @ vh
+        if prefix:
+            logits = (q64[:prefix, h, :] @ kh[:prefix].T) * scaling
+            logits.masked_fill_(keys[None, :prefix] > keys[:prefix, None], float("-inf"))
+            probs[h] = torch.softmax(logits, dim=-1)
     return out, probs
+
+
+def verify_positions(T, prefix, last, samples=512):
+    """Query positions checked: the eager prefix, the last `last` (the decode queries), and an even
+    sample of `samples` positions in between."""
+    chosen = set(range(min(prefix, T))) | set(range(max(0, T - last), T))
+    lo, hi = min(prefix, T), max(0, T - last)
+    if hi > lo:
+        step = max(1, (hi - lo) // samples)
+        chosen |= set(range(lo, hi, step))
+    return sorted(chosen)
 
 
 def verify_sequence(args, np, torch, model, ids, recorder, stored, layers, geom):
     """Returns a dict of error figures; see --verify."""
-    report = {"tokens": len(ids), "layers": {}}
+    T = len(ids)
     # Eager run with output_attentions on a prefix: an implementation independent of the capture hook.
-    n = min(args.verify_tokens, len(ids))
+    n = min(args.verify_tokens, T) if args.verify_tokens > 1 else 0
     eager_probs = None
-    if n > 1:
+    if n:
         saved = model.config._attn_implementation
         model.set_attn_implementation("eager")
         with torch.no_grad():
             res = model(input_ids=torch.tensor([ids[:n]]), output_attentions=True, use_cache=False)
         model.set_attn_implementation(saved)
         eager_probs = res.attentions  # per layer [1, Hq, n, n]
+    last = args.keep_queries_last or 256
+    positions = verify_positions(T, n, last)
+    kept = [i for i, p in enumerate(positions) if not args.keep_queries_last or p >= T - args.keep_queries_last]
+    report = {"tokens": T, "positions_checked": len(positions), "eager_prefix_tokens": n, "layers": {}}
+    rel = lambda a, b: float(((a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-12)).max())
     for layer in layers:
         q = from_storage(np, torch, stored[layer]["q"], args.dtype)
         k = from_storage(np, torch, stored[layer]["k"], args.dtype)
         v = from_storage(np, torch, stored[layer]["v"], args.dtype)
         qf, kf, vf = recorder.q[layer], recorder.k[layer], recorder.v[layer]
-        ours, probs = reference_attention(torch, q, k, v, recorder.scaling[layer], rows=n if eager_probs else None)
-        ours32, _ = reference_attention(torch, qf, kf, vf, recorder.scaling[layer])
-        model_out = recorder.out[layer].double()
-        keep = slice(len(ids) - args.keep_queries_last, None) if args.keep_queries_last else slice(None)
-        rel = lambda a, b: float(((a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-12)).max())
-        entry = {
-            "max_rel_err_stored": rel(ours[keep], model_out[keep]),
-            "max_rel_err_float32": rel(ours32, model_out),
-            "scaling": recorder.scaling[layer],
-        }
+        scale = recorder.scaling[layer]
+        ours, probs = reference_attention(torch, q, k, v, scale, positions, 0 if args.keep_queries_last else n)
+        ours32, probs32 = reference_attention(torch, qf, kf, vf, scale, positions, n)
+        model_out = recorder.out[layer].double()[positions]
+        entry = {"scaling": scale,
+                 "max_rel_err_stored": rel(ours[kept], model_out[kept]),
+                 "max_rel_err_float32": rel(ours32, model_out)}
         if eager_probs is not None:
             pe = eager_probs[layer][0].double()
-            # eager on the full model recomputes every layer; its prefix equals ours up to float32 rounding
-            _, probs32 = reference_attention(torch, qf[:n], kf[:n], vf[:n], recorder.scaling[layer], rows=n)
-            entry["eager_prefix_tokens"] = n
             entry["max_abs_prob_err_float32"] = float((probs32 - pe).abs().max())
-            if not args.keep_queries_last:
+            if probs is not None:
                 entry["max_abs_prob_err_stored"] = float((probs - pe).abs().max())
         report["layers"][str(layer)] = entry
-        log(f"verify layer {layer}: attention output rel err (stored {args.dtype}) {entry['max_rel_err_stored']:.2e}, "
-            f"(float32) {entry['max_rel_err_float32']:.2e}"
-            + (f"; eager probs max abs err {entry['max_abs_prob_err_float32']:.2e} (float32)"
-               + (f", {entry['max_abs_prob_err_stored']:.2e} ({args.dtype})" if 'max_abs_prob_err_stored' in entry else "")
+        log(f"verify layer {layer}: attention output max rel err {entry['max_rel_err_stored']:.2e} from the stored "
+            f"{args.dtype} tensors, {entry['max_rel_err_float32']:.2e} from float32"
+            + (f"; eager probabilities max abs err {entry['max_abs_prob_err_float32']:.2e} (float32)"
+               + (f", {entry['max_abs_prob_err_stored']:.2e} ({args.dtype})" if "max_abs_prob_err_stored" in entry else "")
                if eager_probs is not None else ""))
     return report
 
