@@ -1,0 +1,130 @@
+// Dump format tests: round trip in each dtype, chunking, and the errors bad files produce.
+#include "io/dump.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "capture/synthetic.h"
+#include "common/error.h"
+#include "common/float16.h"
+#include "io/hdf5.h"
+
+namespace oscar {
+namespace {
+
+DumpInfo small_info(StorageType dtype, int64_t tokens = 37) {
+  DumpInfo info;
+  info.geometry = {1, 4, 2, 8, true};
+  info.layers = {0};
+  info.sequence_offsets = {0, 20, tokens};
+  info.dtype = dtype;
+  info.model = "test";
+  return info;
+}
+
+LayerActivations ramp_layer(const DumpInfo& info) {
+  LayerActivations a;
+  a.tokens = info.sequence_offsets.back();
+  const auto& g = info.geometry;
+  for (int64_t i = 0; i < a.tokens * g.num_q_heads * g.head_dim; ++i) a.q.push_back(0.25f * static_cast<float>(i % 97) - 3.0f);
+  for (int64_t i = 0; i < a.tokens * g.num_kv_heads * g.head_dim; ++i) {
+    a.k.push_back(static_cast<float>(i % 13) * 0.5f);
+    a.v.push_back(-static_cast<float>(i % 7) * 0.125f);
+  }
+  return a;
+}
+
+TEST(Dump, RoundTripEachDtype) {
+  for (auto dtype : {StorageType::float32, StorageType::float16, StorageType::bfloat16}) {
+    const std::string path = testing::TempDir() + "/roundtrip.h5";
+    DumpInfo info = small_info(dtype);
+    LayerActivations a = ramp_layer(info);
+    DumpWriter writer(path, info);
+    writer.write_layer(a);
+    writer.finish();
+    DumpReader reader(path);
+    EXPECT_EQ(reader.info().tokens, 37);
+    EXPECT_EQ(reader.info().num_sequences(), 2);
+    EXPECT_EQ(reader.info().dtype, dtype);
+    LayerActivations b = reader.read_layer(0, 5, 20);
+    ASSERT_EQ(b.q.size(), 20u * 4 * 8);
+    // The ramps are exact in every dtype (multiples of 1/8 with few significant bits).
+    for (size_t i = 0; i < b.q.size(); ++i) EXPECT_EQ(b.q[i], a.q[5 * 32 + i]);
+    for (size_t i = 0; i < b.k.size(); ++i) EXPECT_EQ(b.k[i], a.k[5 * 16 + i]);
+    std::remove(path.c_str());
+  }
+}
+
+TEST(Dump, Float16RoundsToNearestEven) {
+  EXPECT_EQ(round_to_fp16(1.0f + 1.0f / 2048), 1.0f);  // halfway between 1 and 1+2^-10 -> even (1)
+  EXPECT_EQ(round_to_fp16(1.0f + 3.0f / 2048), 1.0f + 1.0f / 512);  // 1.5 ulp -> even (2 ulp)
+  EXPECT_EQ(round_to_bf16(1.0f + 1.0f / 256), 1.0f);
+  EXPECT_EQ(fp16_to_float(float_to_fp16(65504.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(round_to_fp16(1e6f)));
+  EXPECT_EQ(round_to_fp16(5.9604645e-8f), 5.9604645e-8f);  // smallest subnormal
+}
+
+TEST(Dump, NonFiniteValueIsReportedWithFileAndDataset) {
+  const std::string path = testing::TempDir() + "/nan.h5";
+  DumpInfo info = small_info(StorageType::float32);
+  LayerActivations a = ramp_layer(info);
+  a.k[16 * 30 + 3] = std::nanf("");
+  DumpWriter writer(path, info);
+  writer.write_layer(a);
+  writer.finish();
+  DumpReader reader(path);
+  try {
+    reader.read_layer(0);
+    FAIL() << "NaN not detected";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find(path), std::string::npos) << m;
+    EXPECT_NE(m.find("/layers/0/k"), std::string::npos) << m;
+    EXPECT_NE(m.find("token 30"), std::string::npos) << m;
+  }
+}
+
+TEST(Dump, WriterLeavesNoFileWhenAbandoned) {
+  const std::string path = testing::TempDir() + "/abandoned.h5";
+  std::remove(path.c_str());
+  {
+    DumpWriter writer(path, small_info(StorageType::float32));
+  }
+  EXPECT_EQ(std::fopen(path.c_str(), "rb"), nullptr);
+}
+
+TEST(Dump, SyntheticIsDeterministicAndPlantsStructure) {
+  SyntheticSpec spec;
+  spec.geometry = {2, 8, 2, 64, true};
+  spec.tokens_per_sequence = 300;
+  spec.sequences = 2;
+  spec.seed = 9;
+  LayerActivations a = synthesize_layer(spec, 1), b = synthesize_layer(spec, 1);
+  EXPECT_EQ(a.k, b.k);
+  EXPECT_EQ(a.q, b.q);
+  // Massive key channels: the largest channel RMS is many times the median.
+  std::vector<double> rms(64, 0.0);
+  for (size_t i = 0; i < a.k.size(); ++i) rms[i % 64] += a.k[i] * a.k[i];
+  std::vector<double> sorted = rms;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_GT(std::sqrt(sorted[63] / sorted[32]), 3.0);
+  // The sink: the first token of a sequence draws more attention than the average token.
+  const int d = 64;
+  double sink = 0, other = 0;
+  for (int64_t t = 200; t < 300; ++t) {
+    const float* q = a.q.data() + (t * 8) * d;
+    double dots[2] = {0, 0};
+    for (int c = 0; c < d; ++c) {
+      dots[0] += q[c] * a.k[(0 * 2) * d + c];
+      dots[1] += q[c] * a.k[((t - 1) * 2) * d + c];
+    }
+    sink += dots[0];
+    other += dots[1];
+  }
+  EXPECT_GT(sink, other + 100 * 8.0);
+}
+
+}  // namespace
+}  // namespace oscar
