@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "common/error.h"
+#include "bandwidth_probe.h"
 #include "decode_merge.h"
 #include "paged_decode.h"
 
@@ -30,6 +31,64 @@ void DevicePagedCache::upload(const HostPagedCache& host) {
   int2_metadata.upload(host.int2_metadata);
   bf16_keys.upload(host.bf16_keys);
   bf16_values.upload(host.bf16_values);
+}
+
+namespace {
+struct PoolShape {
+  int max_pages = 1, pages = 1;
+  std::vector<int32_t> table;
+};
+PoolShape sequential_pages(const std::vector<int32_t>& lengths, int page_size) {
+  PoolShape s;
+  s.pages = 0;
+  for (int32_t n : lengths) s.max_pages = std::max(s.max_pages, (n + page_size - 1) / page_size);
+  s.table.assign(lengths.size() * s.max_pages, -1);
+  for (size_t b = 0; b < lengths.size(); ++b)
+    for (int i = 0; i < (lengths[b] + page_size - 1) / page_size; ++i) s.table[b * s.max_pages + i] = s.pages++;
+  s.pages = std::max(s.pages, 1);
+  return s;
+}
+}  // namespace
+
+size_t paged_cache_device_bytes(const PagedCacheGeometry& g, const std::vector<int32_t>& int2_lengths,
+                                const std::vector<int32_t>& bf16_lengths) {
+  const size_t int2_rows = static_cast<size_t>(sequential_pages(int2_lengths, g.int2_page_size).pages) *
+                           g.num_kv_heads * g.int2_page_size;
+  const size_t bf16_rows = static_cast<size_t>(sequential_pages(bf16_lengths, g.bf16_page_size).pages) *
+                           g.num_kv_heads * g.bf16_page_size;
+  return int2_rows * (2 * g.head_dim / 4 + 16) + bf16_rows * 4 * g.head_dim;
+}
+
+size_t DevicePagedCache::device_bytes() const {
+  return key_codes.size() * 2 + int2_metadata.size() * 4 + bf16_keys.size() * 4;
+}
+
+void DevicePagedCache::allocate_random(const PagedCacheGeometry& g, const std::vector<int32_t>& int2,
+                                       const std::vector<int32_t>& bf16, uint64_t seed) {
+  geometry = g;
+  PoolShape s2 = sequential_pages(int2, g.int2_page_size), s16 = sequential_pages(bf16, g.bf16_page_size);
+  int2_max_pages = s2.max_pages;
+  bf16_max_pages = s16.max_pages;
+  max_int2_length = *std::max_element(int2.begin(), int2.end());
+  max_bf16_length = *std::max_element(bf16.begin(), bf16.end());
+  int2_lengths.upload(int2);
+  bf16_lengths.upload(bf16);
+  int2_page_table.upload(s2.table);
+  bf16_page_table.upload(s16.table);
+  const size_t int2_rows = static_cast<size_t>(s2.pages) * g.num_kv_heads * g.int2_page_size;
+  const size_t bf16_rows = static_cast<size_t>(s16.pages) * g.num_kv_heads * g.bf16_page_size;
+  key_codes.resize(int2_rows * g.head_dim / 4);
+  value_codes.resize(int2_rows * g.head_dim / 4);
+  int2_metadata.resize(int2_rows * 4);
+  bf16_keys.resize(bf16_rows * g.head_dim);
+  bf16_values.resize(bf16_rows * g.head_dim);
+  kernels::launch_fill_random_bytes(key_codes.get(), key_codes.size(), seed + 1, nullptr);
+  kernels::launch_fill_random_bytes(value_codes.get(), value_codes.size(), seed + 2, nullptr);
+  kernels::launch_fill_random_metadata(int2_metadata.get(), int2_rows, seed + 3, nullptr);
+  kernels::launch_fill_random_bf16(bf16_keys.get(), bf16_keys.size(), seed + 4, nullptr);
+  kernels::launch_fill_random_bf16(bf16_values.get(), bf16_values.size(), seed + 5, nullptr);
+  cuda_check(cudaGetLastError(), "random fill");
+  cuda_check(cudaDeviceSynchronize(), "random fill");
 }
 
 int cuda_multiprocessor_count() {

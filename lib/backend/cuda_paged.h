@@ -70,7 +70,14 @@ struct DevicePagedCache {
   DeviceBuffer<float> int2_metadata;
   DeviceBuffer<uint16_t> bf16_keys, bf16_values;
   void upload(const HostPagedCache& host);
+  // Benchmark cache built on the device: pages handed out in order, random codes, metadata and bf16.
+  void allocate_random(const PagedCacheGeometry& geometry, const std::vector<int32_t>& int2_lengths,
+                       const std::vector<int32_t>& bf16_lengths, uint64_t seed);
+  size_t device_bytes() const;
 };
+// Device bytes allocate_random would take (to skip shapes that do not fit).
+size_t paged_cache_device_bytes(const PagedCacheGeometry& geometry, const std::vector<int32_t>& int2_lengths,
+                                const std::vector<int32_t>& bf16_lengths);
 
 // Splits of each tier: about ctas_per_sm * SMs CTAs over the longest sequence (0 splits if a tier is empty).
 struct CudaDecodePlan {

@@ -1,0 +1,296 @@
+// oscar-bench: times the CUDA decode kernels (INT2 paged split-K decode, our BF16 flash-decode baseline)
+// and the quantise-pack kernel on one GPU, next to the HBM bandwidth measured in the same run.
+// Results on stdout (md/csv/json/jsonl), progress on stderr.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backend/cuda_paged.h"
+#include "bandwidth_probe.h"
+#include "cli/options.h"
+#include "common/error.h"
+#include "quantize_pack.h"
+#include "report/report.h"
+
+namespace oscar {
+namespace {
+
+struct Timing {
+  double median_us = 0, noise_pct = 0;
+};
+
+class Timer {
+ public:
+  Timer(int warmup, int iterations, size_t flush_bytes) : warmup_(warmup), iterations_(iterations) {
+    flush_.resize(flush_bytes);
+    cuda_check(cudaEventCreate(&start_), "cudaEventCreate");
+    cuda_check(cudaEventCreate(&stop_), "cudaEventCreate");
+  }
+  ~Timer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  // Median over samples; before each sample L2 is flushed by writing a buffer twice its size.
+  Timing time(const std::function<void()>& body) {
+    for (int i = 0; i < warmup_; ++i) body();
+    cuda_check(cudaGetLastError(), "warm-up launch");
+    cuda_check(cudaDeviceSynchronize(), "warm-up");
+    std::vector<double> us;
+    for (int i = 0; i < iterations_; ++i) {
+      cuda_check(cudaMemsetAsync(flush_.get(), i & 0xff, flush_.size()), "L2 flush");
+      cuda_check(cudaEventRecord(start_), "cudaEventRecord");
+      body();
+      cuda_check(cudaEventRecord(stop_), "cudaEventRecord");
+      cuda_check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+      float ms = 0;
+      cuda_check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+      us.push_back(ms * 1000.0);
+    }
+    cuda_check(cudaGetLastError(), "timed launch");
+    std::sort(us.begin(), us.end());
+    Timing t;
+    t.median_us = us[us.size() / 2];
+    const double mean = std::accumulate(us.begin(), us.end(), 0.0) / us.size();
+    double var = 0;
+    for (double u : us) var += (u - mean) * (u - mean);
+    t.noise_pct = 100.0 * std::sqrt(var / us.size()) / mean;
+    return t;
+  }
+
+ private:
+  int warmup_, iterations_;
+  DeviceBuffer<uint8_t> flush_;
+  cudaEvent_t start_{}, stop_{};
+};
+
+std::string human_tokens(long n) {
+  if (n % 1024 == 0) return fmt::format("{}K", n / 1024);
+  return std::to_string(n);
+}
+
+int bench_main(int argc, char** argv) {
+  CLI::App app{
+      "oscar-bench: time the CUDA decode kernels (INT2 paged split-K decode vs our BF16 flash-decode) and the\n"
+      "rotate-clip-quantise-pack kernel, with the HBM bandwidth measured in the same run.\n\n"
+      "Examples:\n"
+      "  oscar-bench                                   # Qwen3-8B geometry, batch 1,8,32,64 x context 8K..128K\n"
+      "  oscar-bench --batch 1 --context 102400        # the anchor shape\n"
+      "  oscar-bench --head-dim 64 --q-heads 16 --kv-heads 16 --batch 8 --context 32K --format csv\n"
+      "  oscar-bench --batch 8,32 --context 32768 --ragged --format json -o bench.json"};
+  CommonOptions common;
+  int q_heads = 32, kv_heads = 8, head_dim = 128, sink = 64, recent = 256, int2_page = 64, bf16_page = 64;
+  int warmup = 5, iterations = 30, ctas_per_sm = 4;
+  long quant_rows = 1 << 20;
+  std::string batch_spec = "1,8,32,64", context_spec = "8192,32768,102400,131072", format = "md";
+  std::string kernels_spec = "int2,bf16,quant";
+  bool ragged = false;
+  app.add_option("--q-heads", q_heads, "query heads (Hq)")->capture_default_str();
+  app.add_option("--kv-heads", kv_heads, "KV heads (Hkv); Hq/Hkv must be 1..8")->capture_default_str();
+  app.add_option("--head-dim", head_dim, "head dimension d: 64, 128 or 256")->capture_default_str();
+  app.add_option("--batch", batch_spec, "batch sizes, comma list or start:end:step")->capture_default_str();
+  app.add_option("--context", context_spec, "context lengths in tokens (K suffix allowed: 32K)")->capture_default_str();
+  app.add_flag("--ragged", ragged, "also time ragged batches (lengths spread over [context/4, context])");
+  app.add_option("--sink", sink, "BF16 sink tokens of the INT2 cache")->capture_default_str();
+  app.add_option("--recent", recent, "BF16 recent-window tokens of the INT2 cache")->capture_default_str();
+  app.add_option("--int2-page", int2_page, "INT2 page size (multiple of 16)")->capture_default_str();
+  app.add_option("--bf16-page", bf16_page, "BF16 page size (multiple of 32)")->capture_default_str();
+  app.add_option("--ctas-per-sm", ctas_per_sm, "split-K target: CTAs per multiprocessor")->capture_default_str();
+  app.add_option("--quant-rows", quant_rows, "rows for the quantise-pack benchmark")->capture_default_str();
+  app.add_option("--kernels", kernels_spec, "which benchmarks: int2,bf16,quant")->capture_default_str();
+  app.add_option("--warmup", warmup, "warm-up calls per case")->capture_default_str();
+  app.add_option("--iterations", iterations, "timed calls per case (median reported)")->capture_default_str();
+  app.add_option("--format", format, "md, csv, json or jsonl")->capture_default_str();
+  add_common_options(app, common);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  const ReportFormat report_format = parse_report_format(format);
+  OSCAR_CHECK(kv_heads >= 1 && q_heads % kv_heads == 0 && q_heads / kv_heads <= 8,
+              "--q-heads {} / --kv-heads {}: the GQA ratio must be an integer from 1 to 8", q_heads, kv_heads);
+  OSCAR_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256, "--head-dim {} is not supported (64, 128, 256)",
+              head_dim);
+  for (char& ch : context_spec) ch = ch == 'k' ? 'K' : ch;
+  std::string expanded;
+  for (const auto& item : split_list(context_spec)) {
+    std::string x = item;
+    if (!x.empty() && x.back() == 'K') x = std::to_string(std::stol(x.substr(0, x.size() - 1)) * 1024);
+    expanded += (expanded.empty() ? "" : ",") + x;
+  }
+  const std::vector<long> batches = parse_int_list(batch_spec), contexts = parse_int_list(expanded);
+  const auto kernel_list = split_list(kernels_spec);
+  auto wants = [&](const char* k) { return std::find(kernel_list.begin(), kernel_list.end(), k) != kernel_list.end(); };
+  auto log = [&](const std::string& line) {
+    if (!common.quiet) std::fprintf(stderr, "%s\n", line.c_str());
+  };
+
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  const int sms = prop.multiProcessorCount;
+  log(fmt::format("device: {} ({} SMs, {:.1f} GiB, L2 {} MB)", prop.name, sms, prop.totalGlobalMem / 1073741824.0,
+                  prop.l2CacheSize >> 20));
+  Timer timer(warmup, iterations, std::max<size_t>(2 * static_cast<size_t>(prop.l2CacheSize), 64u << 20));
+
+  ReportTable table;
+  table.fields = {"kernel", "batch", "context", "ragged", "launches", "mbytes", "time_us", "noise_pct", "tbps",
+                  "pct_peak", "speedup_vs_bf16", "gpu"};
+  table.markdown_precision = 2;
+  const std::string gpu = prop.name;
+
+  // HBM bandwidth: 2 GiB copy (bytes read + written) and 2 GiB read-only.
+  const size_t probe_bytes = size_t{2} << 30;
+  double peak_tbps = 0;
+  {
+    DeviceBuffer<uint8_t> a(probe_bytes), b(probe_bytes);
+    DeviceBuffer<unsigned> sink_word(1);
+    kernels::launch_fill_random_bytes(a.get(), probe_bytes, 1, nullptr);
+    kernels::BandwidthProbeParams p;
+    p.source = reinterpret_cast<const uint4*>(a.get());
+    p.destination = reinterpret_cast<uint4*>(b.get());
+    p.n16 = probe_bytes / 16;
+    p.sink = sink_word.get();
+    Timing copy = timer.time([&] { kernels::launch_copy_probe(p, nullptr); });
+    Timing read = timer.time([&] { kernels::launch_read_probe(p, nullptr); });
+    const double copy_tbps = 2.0 * probe_bytes / (copy.median_us * 1e-6) / 1e12;
+    const double read_tbps = 1.0 * probe_bytes / (read.median_us * 1e-6) / 1e12;
+    peak_tbps = std::max(copy_tbps, read_tbps);
+    table.add_row({std::string("hbm_copy"), 0L, 0L, std::string("-"), 1L, 2.0 * probe_bytes / 1e6, copy.median_us,
+                   copy.noise_pct, copy_tbps, 100.0 * copy_tbps / peak_tbps, std::string("-"), gpu});
+    table.add_row({std::string("hbm_read"), 0L, 0L, std::string("-"), 1L, 1.0 * probe_bytes / 1e6, read.median_us,
+                   read.noise_pct, read_tbps, 100.0 * read_tbps / peak_tbps, std::string("-"), gpu});
+    log(fmt::format("HBM: copy {:.2f} TB/s, read {:.2f} TB/s", copy_tbps, read_tbps));
+  }
+  auto pct = [&](double tbps) { return 100.0 * tbps / peak_tbps; };
+
+  PagedCacheGeometry geometry;
+  geometry.num_kv_heads = kv_heads;
+  geometry.group = q_heads / kv_heads;
+  geometry.head_dim = head_dim;
+  geometry.int2_page_size = int2_page;
+  geometry.bf16_page_size = bf16_page;
+  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+
+  for (long context : contexts) {
+    for (long batch : batches) {
+      for (int rag = 0; rag <= (ragged && batch > 1 ? 1 : 0); ++rag) {
+        std::vector<int32_t> lengths(batch);
+        for (long b = 0; b < batch; ++b)
+          lengths[b] = rag ? static_cast<int32_t>(context / 4 + (context - context / 4) * b / std::max(1L, batch - 1))
+                           : static_cast<int32_t>(context);
+        geometry.batch = static_cast<int>(batch);
+        const int tiers = sink + recent;
+        std::vector<int32_t> int2_len(batch), tier_len(batch), zeros(batch, 0);
+        for (long b = 0; b < batch; ++b) {
+          tier_len[b] = std::min(lengths[b], tiers);
+          int2_len[b] = lengths[b] - tier_len[b];
+        }
+        size_t free_bytes = 0, total_bytes = 0;
+        cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+        const size_t bf16_need = paged_cache_device_bytes(geometry, zeros, lengths);
+        const size_t int2_need = paged_cache_device_bytes(geometry, int2_len, tier_len);
+        const size_t qn = static_cast<size_t>(batch) * q_heads * head_dim;
+        DeviceBuffer<float> queries(qn), out(qn), rotation_t(static_cast<size_t>(head_dim) * head_dim);
+        kernels::launch_fill_random_float(queries.get(), qn, 11, nullptr);
+        kernels::launch_fill_random_float(rotation_t.get(), rotation_t.size(), 12, nullptr);
+        CudaPagedDecoder decoder;
+        const std::string rag_label = rag ? "ragged" : "uniform";
+        double bf16_us = 0;
+        if (wants("bf16")) {
+          if (bf16_need > free_bytes * 0.9) {
+            log(fmt::format("skip bf16 batch {} context {}: needs {:.1f} GB", batch, context, bf16_need / 1e9));
+          } else {
+            DevicePagedCache cache;
+            cache.allocate_random(geometry, zeros, lengths, 100 + context + batch);
+            CudaDecodePlan plan = plan_cuda_decode(cache, sms, ctas_per_sm);
+            Timing t = timer.time([&] {
+              decoder.run(cache, plan, queries.get(), softmax_scale, nullptr, out.get());
+            });
+            long tokens = std::accumulate(lengths.begin(), lengths.end(), 0L);
+            const double bytes = 1.0 * tokens * kv_heads * 4 * head_dim;
+            const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
+            bf16_us = t.median_us;
+            table.add_row({std::string("bf16_decode"), batch, context, rag_label, 2L, bytes / 1e6, t.median_us,
+                           t.noise_pct, tbps, pct(tbps), 1.0, gpu});
+            log(fmt::format("bf16_decode  B={} L={} {}: {:.1f} us, {:.2f} TB/s ({} splits)", batch, context,
+                            rag_label, t.median_us, tbps, plan.splits_total()));
+          }
+        }
+        if (wants("int2")) {
+          if (int2_need > free_bytes * 0.9) {
+            log(fmt::format("skip int2 batch {} context {}: needs {:.1f} GB", batch, context, int2_need / 1e9));
+          } else {
+            DevicePagedCache cache;
+            cache.allocate_random(geometry, int2_len, tier_len, 200 + context + batch);
+            CudaDecodePlan plan = plan_cuda_decode(cache, sms, ctas_per_sm);
+            Timing t = timer.time([&] {
+              decoder.run(cache, plan, queries.get(), softmax_scale, rotation_t.get(), out.get());
+            });
+            long t2 = std::accumulate(int2_len.begin(), int2_len.end(), 0L);
+            long t16 = std::accumulate(tier_len.begin(), tier_len.end(), 0L);
+            const double bytes = 1.0 * t2 * kv_heads * (2 * head_dim / 4 + 16) + 1.0 * t16 * kv_heads * 4 * head_dim;
+            const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
+            table.add_row({std::string("int2_decode"), batch, context, rag_label, 2L, bytes / 1e6, t.median_us,
+                           t.noise_pct, tbps, pct(tbps),
+                           bf16_us > 0 ? ReportValue(bf16_us / t.median_us) : ReportValue(std::string("-")), gpu});
+            log(fmt::format("int2_decode  B={} L={} {}: {:.1f} us, {:.2f} TB/s ({}+{} splits, chunk {})", batch,
+                            context, rag_label, t.median_us, tbps, plan.int2_splits, plan.bf16_splits,
+                            plan.int2_chunk));
+          }
+        }
+      }
+    }
+  }
+
+  if (wants("quant") && quant_rows > 0) {
+    const size_t n = static_cast<size_t>(quant_rows) * head_dim;
+    DeviceBuffer<float> input(n), meta(static_cast<size_t>(quant_rows) * 2),
+        rotation(static_cast<size_t>(head_dim) * head_dim);
+    DeviceBuffer<uint8_t> codes(static_cast<size_t>(quant_rows) * head_dim / 4);
+    kernels::launch_fill_random_float(input.get(), n, 21, nullptr);
+    kernels::launch_fill_random_float(rotation.get(), rotation.size(), 22, nullptr);
+    for (int rotate = 0; rotate <= 1; ++rotate) {
+      kernels::QuantizePackParams p;
+      p.rows = quant_rows;
+      p.head_dim = head_dim;
+      p.input = input.get();
+      p.rotation = rotate ? rotation.get() : nullptr;
+      p.clip_ratio = 0.96f;
+      p.metadata = kernels::MetadataRounding::fp32;
+      p.codes = codes.get();
+      p.metadata_out = meta.get();
+      Timing t = timer.time([&] { kernels::launch_quantize_pack(p, nullptr); });
+      const double bytes = 1.0 * quant_rows * (head_dim * 4 + head_dim / 4 + 8);
+      const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
+      table.add_row({std::string(rotate ? "quantize_pack_rotate" : "quantize_pack"), quant_rows, 0L,
+                     std::string("-"), 1L, bytes / 1e6, t.median_us, t.noise_pct, tbps, pct(tbps), std::string("-"),
+                     gpu});
+      log(fmt::format("{} rows={}: {:.1f} us, {:.2f} TB/s", rotate ? "quantize_pack_rotate" : "quantize_pack",
+                      quant_rows, t.median_us, tbps));
+    }
+  }
+
+  const std::string text = render_report(table, report_format);
+  if (common.output.empty()) {
+    std::fputs(text.c_str(), stdout);
+  } else {
+    std::FILE* f = std::fopen(common.output.c_str(), "w");
+    OSCAR_CHECK(f, "cannot open {} for writing", common.output);
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace oscar
+
+int main(int argc, char** argv) { return oscar::run_tool(argc, argv, oscar::bench_main); }
