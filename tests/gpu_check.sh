@@ -23,7 +23,7 @@ echo "== gpu tests" | tee -a "$log"
 sanitize_filter='QuantizePackExact/*:PagedDecode.EmptyTiers:PagedDecode.SplitBoundariesAndRaggedBatch:PagedDecode.ContextLengthsAroundPageBoundaries'
 for tool in memcheck racecheck; do
   echo "== compute-sanitizer $tool" | tee -a "$log"
-  compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/oscar_gpu_tests" --gtest_filter="$sanitize_filter" \
+  timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/oscar_gpu_tests" --gtest_filter="$sanitize_filter" \
     >"$out/sanitizer_$tool.log" 2>&1
   rc=$?
   tail -3 "$out/sanitizer_$tool.log" | tee -a "$log"
