@@ -13,6 +13,7 @@ namespace oscar {
 
 void add_common_options(CLI::App& app, CommonOptions& options, bool with_output) {
   app.set_version_flag("--version", std::string("oscar toolkit ") + OSCAR_VERSION);
+  app.fallthrough();  // -v, -q, -o also work after a subcommand name
   app.add_flag("-v,--verbose", options.verbose, "More detail on stderr");
   app.add_flag("-q,--quiet", options.quiet, "No progress output on stderr");
   if (with_output) app.add_option("-o,--output", options.output, "Output file (default: stdout where it makes sense)");

@@ -11,7 +11,7 @@ Progress::Progress(std::string label, double total, std::string unit, bool quiet
     : label_(std::move(label)), unit_(std::move(unit)), total_(total), quiet_(quiet),
       is_terminal_(isatty(2)), start_(std::chrono::steady_clock::now()), last_draw_(start_) {}
 
-Progress::~Progress() { finish(); }
+Progress::~Progress() = default;  // an abandoned progress (an error) prints nothing more
 
 void Progress::advance(double amount) {
   done_ += amount;

@@ -11,7 +11,7 @@ class Progress {
   Progress(std::string label, double total, std::string unit, bool quiet);
   ~Progress();
   void advance(double amount);
-  void finish();
+  void finish();  // prints the final line; not called on errors
 
  private:
   void draw(bool final_line);

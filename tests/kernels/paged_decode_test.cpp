@@ -3,7 +3,8 @@
 // batches, empty tiers, GQA 1/4/8, d 64/128/256.
 // Tolerance: the GPU rounds q and the PV weights p*s_v to fp16 (11-bit significand) for the tensor
 // cores and accumulates in fp32; a BF16 serving pipeline rounds q to bf16 (8 bits). So we require
-// ||gpu - ref|| / ||ref|| <= 2 x (the error of the reference itself when q is rounded to bf16) + 1e-5.
+// ||gpu - ref|| / ||ref|| <= 2 x (the error of the reference itself when q is rounded to bf16) + 2^-11
+// (atol: the PV weights are stored once in fp16, unit roundoff 2^-11, e.g. a 1-token cache).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -91,7 +92,7 @@ void run_case(const DecodeCase& c) {
   const double err = test::relative_error(out, ref);
   const double own = test::relative_error(ref_bf16q, ref);
   ::testing::Test::RecordProperty("rel_err", std::to_string(err));
-  EXPECT_LE(err, 2.0 * own + 1e-5) << "rel err " << err << ", bf16-q reference error " << own << ", splits "
+  EXPECT_LE(err, 2.0 * own + 0.00048828125) << "rel err " << err << ", bf16-q reference error " << own << ", splits "
                                    << plan.int2_splits << "+" << plan.bf16_splits;
   EXPECT_LT(err, 5e-3);
 }
