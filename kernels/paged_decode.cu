@@ -131,10 +131,11 @@ __device__ void int2_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
   const int32_t* table = p.int2_page_table + (size_t)b * p.int2_max_pages;
   constexpr int STEP = 16 * TILES;
 
-  for (int blk = t_begin + warp * STEP; blk < t_end; blk += kDecodeWarps * STEP) {
-    Bytes<KB> kc[TILES][2];
-    Bytes<VB> vc[TILES][4];
-    float4 meta[TILES][2];
+  // Register double buffering: the next block's codes and metadata are in flight while this one computes.
+  Bytes<KB> kc[TILES][2];
+  Bytes<VB> vc[TILES][4];
+  float4 meta[TILES][2];
+  auto load_block = [&](int blk, Bytes<KB> (&kc)[TILES][2], Bytes<VB> (&vc)[TILES][4], float4 (&meta)[TILES][2]) {
 #pragma unroll
     for (int t = 0; t < TILES; ++t) {
       const int tile = blk + 16 * t;
@@ -158,6 +159,20 @@ __device__ void int2_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
         meta[t][0] = meta[t][1] = make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
+  };
+  Bytes<KB> nkc[TILES][2];
+  Bytes<VB> nvc[TILES][4];
+  float4 nmeta[TILES][2];
+  int blk = t_begin + warp * STEP;
+  if (blk < t_end) load_block(blk, nkc, nvc, nmeta);
+  for (; blk < t_end; blk += kDecodeWarps * STEP) {
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+      kc[t][0] = nkc[t][0], kc[t][1] = nkc[t][1];
+      vc[t][0] = nvc[t][0], vc[t][1] = nvc[t][1], vc[t][2] = nvc[t][2], vc[t][3] = nvc[t][3];
+      meta[t][0] = nmeta[t][0], meta[t][1] = nmeta[t][1];
+    }
+    if (blk + kDecodeWarps * STEP < t_end) load_block(blk + kDecodeWarps * STEP, nkc, nvc, nmeta);
     // S^T [16 tokens x 8 heads] per tile.
     float s[TILES][4];
 #pragma unroll
