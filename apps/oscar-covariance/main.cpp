@@ -5,9 +5,11 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/atomic_file.h"
 #include "cli/options.h"
 #include "common/error.h"
 #include "covariance/accumulate.h"
+#include "covariance/benchmark.h"
 #include "io/provenance.h"
 #include "report/report.h"
 
@@ -89,9 +91,23 @@ int main(int argc, char** argv) {
   info->add_option("stats", info_path, "Statistics file")->required();
   info->add_flag("--json", info_json, "Machine-readable output");
 
+  auto* bench = app.add_subcommand("bench", "Benchmark: dsyrk rate vs accumulation rate, peak memory, calibration time");
+  std::string bench_path, bench_format = "md";
+  bench->add_option("dump", bench_path, "Dump to accumulate (e.g. oscar-capture synth, Qwen3-8B geometry)")->required();
+  bench->add_option("--format", bench_format, "md, csv, json or jsonl")->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   return run_tool(argc, argv, [&](int, char**) {
     if (*info) return print_info(info_path, info_json);
+    if (*bench) {
+      CalibrationBenchmarkOptions bench_options;
+      bench_options.block_tokens = options.block_tokens;
+      bench_options.threads = options.threads;
+      bench_options.quiet = common.quiet;
+      ReportTable table = run_calibration_benchmark(bench_path, bench_options);
+      write_text_output(common.output, render_report(table, parse_report_format(bench_format)));
+      return 0;
+    }
     OSCAR_CHECK(!inputs.empty(), "no input files (see --help)");
     OSCAR_CHECK(!common.output.empty(), "no output file: -o STATS.h5");
     const std::string command = command_line(argc, argv);

@@ -4,6 +4,7 @@
 #include "covariance/accumulate.h"
 
 #include <algorithm>
+#include <future>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,39 @@ void parallel_for(int n, int threads, const std::function<void(int)>& fn) {
 }
 
 namespace {
+
+// Reads the blocks of one layer of one dump in order, the next block in flight on a background
+// thread while the caller computes on the current one (HDF5 is only ever used by that one thread).
+class BlockStream {
+ public:
+  BlockStream(const DumpReader& reader, int layer, int64_t block_tokens, bool with_queries)
+      : reader_(reader), layer_(layer), block_(block_tokens), with_queries_(with_queries) {
+    launch();
+  }
+  ~BlockStream() {
+    if (next_.valid()) next_.wait();
+  }
+  // False when the layer is exhausted.
+  bool next(LayerActivations& block) {
+    if (!next_.valid()) return false;
+    block = next_.get();
+    launch();
+    return true;
+  }
+
+ private:
+  void launch() {
+    if (first_ >= reader_.info().tokens) return;
+    const int64_t first = first_, n = std::min(block_, reader_.info().tokens - first_);
+    first_ += n;
+    next_ = std::async(std::launch::async, [this, first, n] { return reader_.read_layer(layer_, first, n, with_queries_); });
+  }
+  const DumpReader& reader_;
+  int layer_;
+  int64_t block_, first_ = 0;
+  bool with_queries_;
+  std::future<LayerActivations> next_;
+};
 
 // Rows of one KV head out of a [T, H, d] block: the g heads h*g..h*g+g-1 of each token, as float64.
 void gather_rows(const std::vector<float>& block, int64_t tokens, int heads, int first_head, int count, int d,
@@ -115,10 +149,10 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
     LayerStatistics& ls = *const_cast<LayerStatistics*>(stats.find_layer(layer));
     // Pass 1: C_Q, K^T K, V^T V.
     for (const auto& r : readers) {
-      const int64_t tokens = r->info().tokens;
-      for (int64_t first = 0; first < tokens; first += options.block_tokens) {
-        const int64_t n = std::min(options.block_tokens, tokens - first);
-        LayerActivations a = r->read_layer(layer, first, n);
+      BlockStream stream(*r, layer, options.block_tokens, true);
+      LayerActivations a;
+      while (stream.next(a)) {
+        const int64_t n = a.tokens;
         parallel_for(hkv, threads, [&](int h) {
           std::vector<double> rows;
           gather_rows(a.q, n, hq, h * g, g, d, rows);
@@ -149,10 +183,10 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
     }
     // Pass 2: sum_t w_t v_t^T v_t with w_t = k_t C_Q k_t^T (>= 0: C_Q is positive semi-definite).
     for (const auto& r : readers) {
-      const int64_t tokens = r->info().tokens;
-      for (int64_t first = 0; first < tokens; first += options.block_tokens) {
-        const int64_t n = std::min(options.block_tokens, tokens - first);
-        LayerActivations a = r->read_layer(layer, first, n);
+      BlockStream stream(*r, layer, options.block_tokens, false);
+      LayerActivations a;
+      while (stream.next(a)) {
+        const int64_t n = a.tokens;
         parallel_for(hkv, threads, [&](int h) {
           std::vector<double> keys, values;
           gather_rows(a.k, n, hkv, h, 1, d, keys);

@@ -115,7 +115,7 @@ DumpReader::~DumpReader() = default;
 
 int64_t DumpReader::chunk_tokens(int layer) const { return impl_->file.chunk_rows(layer_path(layer, "q")); }
 
-LayerActivations DumpReader::read_layer(int layer, int64_t first, int64_t count) const {
+LayerActivations DumpReader::read_layer(int layer, int64_t first, int64_t count, bool with_queries) const {
   OSCAR_CHECK(std::find(info_.layers.begin(), info_.layers.end(), layer) != info_.layers.end(),
               "{}: layer {} is not in this dump (layers present: {})", path_, layer, fmt::join(info_.layers, ","));
   if (count < 0) count = info_.tokens - first;
@@ -126,11 +126,12 @@ LayerActivations DumpReader::read_layer(int layer, int64_t first, int64_t count)
   a.layer = layer;
   a.first_token = first;
   a.tokens = count;
-  a.q.resize(static_cast<size_t>(count) * g.num_q_heads * g.head_dim);
+  if (with_queries) a.q.resize(static_cast<size_t>(count) * g.num_q_heads * g.head_dim);
   a.k.resize(static_cast<size_t>(count) * g.num_kv_heads * g.head_dim);
   a.v.resize(a.k.size());
   const std::pair<const char*, std::vector<float>*> parts[] = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}};
   for (auto [name, data] : parts) {
+    if (data->empty() && count > 0) continue;  // queries skipped
     std::string ds = layer_path(layer, name);
     impl_->file.read_rows(ds, first, count, data->data());
     const size_t per_token = data->size() / std::max<int64_t>(count, 1);

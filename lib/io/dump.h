@@ -51,7 +51,8 @@ class DumpReader {
   const DumpInfo& info() const { return info_; }
   const std::string& path() const { return path_; }
   // Reads tokens [first, first+count) of one layer; checks finiteness (error names file and dataset).
-  LayerActivations read_layer(int layer, int64_t first = 0, int64_t count = -1) const;
+  // with_queries = false skips Q (left empty): passes that only need K and V read a third of the bytes.
+  LayerActivations read_layer(int layer, int64_t first = 0, int64_t count = -1, bool with_queries = true) const;
   // Rows per HDF5 chunk along T of this layer's K (the natural streaming granularity).
   int64_t chunk_tokens(int layer) const;
 
