@@ -115,12 +115,12 @@ CAP=$BUILD/bin/oscar-capture
 mkdir -p "$OUT"
 if [ $ALL = 1 ]; then
   EVAL_OUT=$OUT/smollm2-eval-all.h5 CALIB_OUT=$OUT/smollm2-calib-all.h5
-  "$CAP" import -q -o "$EVAL_OUT" --queries-last $EVAL_QUERIES_LAST $(cat "$RAW.eval.list")
-  "$CAP" import -q -o "$CALIB_OUT" $(cat "$RAW.calib.list")
+  "$CAP" -q import -o "$EVAL_OUT" --queries-last $EVAL_QUERIES_LAST $(cat "$RAW.eval.list")
+  "$CAP" -q import -o "$CALIB_OUT" $(cat "$RAW.calib.list")
 else
   EVAL_OUT=$OUT/smollm2-eval.h5 CALIB_OUT=$OUT/smollm2-calib.h5
-  "$CAP" import -q -o "$EVAL_OUT" --layers $SHIP_LAYERS --queries-last $EVAL_QUERIES_LAST $(cat "$RAW.eval.list")
-  "$CAP" import -q -o "$CALIB_OUT" --layers $SHIP_LAYERS $(cat "$RAW.calib.list")
+  "$CAP" -q import -o "$EVAL_OUT" --layers $SHIP_LAYERS --queries-last $EVAL_QUERIES_LAST $(cat "$RAW.eval.list")
+  "$CAP" -q import -o "$CALIB_OUT" --layers $SHIP_LAYERS $(cat "$RAW.calib.list")
 fi
 for f in "$EVAL_OUT" "$CALIB_OUT"; do
   "$CAP" info "$f" >&2
