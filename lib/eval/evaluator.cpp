@@ -250,6 +250,13 @@ EvalResult run_evaluation(const ActivationSource& source, const EvalConfig& conf
         for (int i = 0; i < d; ++i)
           for (int j = 0; j < d; ++j) value_rotation_f[static_cast<size_t>(i) * d + j] = static_cast<float>(value_rotation(i, j));
         const EncodedSequence encoded = method.encode(HeadRows{layer, h, d, needed, ref_k[h].data(), ref_v[h].data()});
+        for (const auto* rows : {&encoded.dequantized_keys, &encoded.dequantized_values})
+          for (size_t i = 0; i < rows->size(); ++i)
+            OSCAR_CHECK(std::isfinite((*rows)[i]),
+                        "method {}: layer {} KV head {} token {}: the quantised {} row is not finite (its scale "
+                        "underflows the {} metadata type, e.g. a constant row after clipping)",
+                        method.name(), layer, h, i / d, rows == &encoded.dequantized_keys ? "key" : "value",
+                        metadata_type_name(method.key_quantizer(layer).metadata));
         const ReconstructionErrors key_errors = reconstruction_errors(ref_k[h].data(), encoded.window_keys,
                                                                       encoded.dequantized_keys, needed, d, key_rotation);
         const ReconstructionErrors value_errors = reconstruction_errors(
