@@ -41,10 +41,10 @@ std::vector<std::optional<T>> optional_list(const std::vector<T>& values) {
 int main(int argc, char** argv) {
   CLI::App app{
       "oscar-eval: decode attention over a quantised KV cache vs BF16, per method, context and layer.\n"
-      "For each sequence of the dump, context L and KV head, the method's cache of the first L tokens is built as\n"
-      "serving builds it (BF16 sink | INT2 history | BF16 recent window, pages demoted from the window), and the\n"
-      "queries of the last positions L-1, L-1-stride, ... (each reading the tokens up to itself) are decoded through\n"
-      "--backend and compared with float64 attention over the BF16-rounded original K/V.\n"
+      "Context L = L tokens precede the query: for each sequence, KV head and context, the queries at positions\n"
+      "L, L+stride, ... (--queries of them; each reads tokens [0, p], its own key included) are decoded through\n"
+      "--backend over the method's cache, built as serving builds it (BF16 sink | INT2 history | BF16 recent\n"
+      "window, pages demoted from the window), and compared with float64 attention over the BF16-rounded K/V.\n"
       "The dump must hold EVALUATION activations, disjoint from the ones the pack was calibrated on (a warning is\n"
       "printed when the pack's provenance names the dump).\n"
       "Methods (defaults; --sink/--recent/--windows/--group-size/--k-clip/--v-clip override every method):\n"

@@ -37,16 +37,16 @@ struct TaskOutput {
   std::vector<std::vector<CacheRecord>> caches;
 };
 
-// Decode positions of one sequence for one context: L-1, L-1-stride, ... (>= 0; and, for evaluation
-// dumps that keep queries only for the last N tokens, inside those).
+// Decode positions of one sequence after a context of L tokens: L, L+stride, ... (the query at p reads the
+// p + 1 tokens [0, p], its own key included, so exactly L tokens precede the first one). Positions past the
+// sequence, and for evaluation dumps that keep queries only for the last N tokens, before those, are skipped.
 std::vector<int64_t> decode_positions(int64_t context, int64_t sequence_length, const EvalConfig& config,
                                       int64_t queries_kept_last) {
   std::vector<int64_t> positions;
-  if (context > sequence_length) return positions;
   for (int j = 0; j < config.queries_per_sequence; ++j) {
-    const int64_t p = context - 1 - static_cast<int64_t>(j) * config.query_stride;
-    if (p < 0) break;
-    if (queries_kept_last > 0 && p < sequence_length - queries_kept_last) break;
+    const int64_t p = context + static_cast<int64_t>(j) * config.query_stride;
+    if (p >= sequence_length) break;
+    if (queries_kept_last > 0 && p < sequence_length - queries_kept_last) continue;
     positions.push_back(p);
   }
   return positions;
@@ -178,7 +178,9 @@ EvalResult run_evaluation(const ActivationSource& source, const EvalConfig& conf
   for (int ci = 0; ci < num_contexts; ++ci) {
     const int64_t L = config.contexts[ci];
     OSCAR_CHECK(L >= 1, "context {} must be at least 1", L);
-    OSCAR_CHECK(L <= longest, "{}: context {} is longer than every sequence (longest: {} tokens)", dump, L, longest);
+    OSCAR_CHECK(L < longest,
+                "{}: context {} is too long: decoding after {} tokens needs a sequence of at least {} tokens (longest: {})",
+                dump, L, L, L + 1, longest);
     int64_t total = 0;
     for (int64_t s = 0; s < num_sequences; ++s) {
       positions[ci][s] = decode_positions(L, lengths[s], config, info.queries_kept_last);
@@ -187,7 +189,7 @@ EvalResult run_evaluation(const ActivationSource& source, const EvalConfig& conf
     }
     OSCAR_CHECK(total > 0,
                 "{}: context {} has no decode position with a stored query (the dump keeps queries only for the last {} "
-                "tokens of each sequence)",
+                "tokens of each sequence; try --query-stride or a context nearer the end)",
                 dump, L, info.queries_kept_last);
   }
 
@@ -216,9 +218,9 @@ EvalResult run_evaluation(const ActivationSource& source, const EvalConfig& conf
   for (int li = 0; li < num_layers; ++li) {
     const int layer = layers[li];
     for (int64_t s = 0; s < num_sequences; ++s) {
-      int64_t needed = 0;
+      int64_t needed = 0;  // tokens [0, needed) of this sequence are read: up to the last decode position
       for (int ci = 0; ci < num_contexts; ++ci)
-        if (!positions[ci][s].empty()) needed = std::max(needed, config.contexts[ci]);
+        if (!positions[ci][s].empty()) needed = std::max(needed, positions[ci][s].back() + 1);
       if (needed == 0) continue;
       const LayerActivations acts = source.read(layer, info.sequence_offsets[s], needed);
       // Reference rows per KV head: [needed, d], BF16-rounded like a BF16 cache.

@@ -48,7 +48,7 @@ struct EvalConfig {
   std::vector<int> layers;  // empty: every layer of the dump
   // Option sets to sweep (the cartesian product of the list flags); every method runs with each.
   std::vector<MethodOptions> variants = {MethodOptions{}};
-  int queries_per_sequence = 4;  // decode positions per sequence and context: L-1, L-1-stride, ...
+  int queries_per_sequence = 4;  // decode steps per sequence and context: positions L, L+stride, ...
   int query_stride = 16;
   std::string backend = "cpu";
   int threads = 0;  // 0: hardware concurrency (the cuda backend always uses 1)
@@ -64,7 +64,7 @@ struct EvalRow {
   int64_t context = 0;
   int layer = -1;
   std::string layers;  // "0-5" or "3"
-  double bpe = 0;      // from the storage of the cache at exactly `context` tokens
+  double bpe = 0;      // from the storage of the cache holding exactly `context` tokens
   int sink = 0, recent = 0, group_size = 0, bits = 2;
   double k_clip = 1, v_clip = 1;  // mean over evaluated layers
   std::string metadata;

@@ -110,7 +110,7 @@ TEST_F(OscarEvalTool, BadInputsFailWithOneLineAndNoOutputFile) {
   };
   const std::vector<Case> cases = {
       {"--methods naive,bogus --context 64", "error: unknown method 'bogus'"},
-      {"--methods naive --context 701", "error: " + path("eval.h5") + ": context 701 is longer than every sequence"},
+      {"--methods naive --context 700", "error: " + path("eval.h5") + ": context 700 is too long"},
       {"--pack " + path("pack32.h5") + " --methods oscar --context 64",
        "error: " + path("pack32.h5") + ": pack has head_dim 32 but the dump has head_dim 64"},
       {"--methods oscar --context 64", "error: method 'oscar' needs a rotation pack"},

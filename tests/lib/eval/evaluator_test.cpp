@@ -89,14 +89,13 @@ TEST(Evaluator, Bf16ReproducesTheReferenceAndBaselinesRankAsExpected) {
     EXPECT_GT(naive.err_history, 0.0);
     EXPECT_EQ(naive.layers, "0-1");
   }
-  // Queries per context: min(4, positions >= 0) per sequence x 2 layers x 4 query heads; the
-  // 300/200-token sequences both reach every context here.
-  EXPECT_EQ(row_of(r, "naive", 1).queries, 2 * 2 * 4 * 1);
-  EXPECT_EQ(row_of(r, "naive", 3).queries, 2 * 2 * 4 * 1);
-  EXPECT_EQ(row_of(r, "naive", 129).queries, 2 * 2 * 4 * 4);
-  EXPECT_EQ(row_of(r, "naive", 200).sequences, 2);
-  // Context 1: the query reads its own key only: every method returns v_0 up to quantisation of v_0.
-  EXPECT_DOUBLE_EQ(row_of(r, "naive", 1).kl, 0.0);
+  // Queries per context: positions L, L+16, L+32, L+48 below each sequence's length, x 2 layers x 4 query
+  // heads. Context 200 only decodes in the 300-token sequence.
+  EXPECT_EQ(row_of(r, "naive", 1).queries, 2 * 4 * 2 * 4);
+  EXPECT_EQ(row_of(r, "naive", 129).queries, 2 * 4 * 2 * 4);
+  EXPECT_EQ(row_of(r, "naive", 200).queries, 1 * 4 * 2 * 4);
+  EXPECT_EQ(row_of(r, "naive", 200).sequences, 1);
+  EXPECT_EQ(row_of(r, "naive", 129).sequences, 2);
   // Outlier channels: Hadamard beats naive on output error and KL at every context > 1.
   for (int64_t L : {127, 129, 200}) {
     EXPECT_GT(row_of(r, "naive", L).rel_err.mean, row_of(r, "hadamard", L).rel_err.mean) << L;
@@ -142,9 +141,10 @@ TEST(Evaluator, BadInputsFailWithOneLine) {
   const auto source = make_source({100, 90});
   EvalConfig config;
   config.methods = {"naive"};
-  config.contexts = {101};
+  config.contexts = {100};
   EXPECT_EQ(error_of([&] { run_evaluation(source, config); }),
-            "mem.h5: context 101 is longer than every sequence (longest: 100 tokens)");
+            "mem.h5: context 100 is too long: decoding after 100 tokens needs a sequence of at least 101 tokens "
+            "(longest: 100)");
   config.contexts = {50};
   config.layers = {7};
   EXPECT_EQ(error_of([&] { run_evaluation(source, config); }), "mem.h5: no layer 7 in the dump (layers 0-1)");
@@ -159,20 +159,25 @@ TEST(Evaluator, BadInputsFailWithOneLine) {
   config.pack = &pack;
   config.pack_path = "pack.h5";
   EXPECT_EQ(error_of([&] { run_evaluation(source, config); }), "pack.h5: pack has head_dim 64 but the dump has head_dim 32");
-  // An evaluation dump with queries only in the last 8 tokens: context 50 of a 100-token sequence
-  // has none, context 95 has them in the longer sequence only.
+  // An evaluation dump with queries only in the last 8 tokens of each sequence (100 and 90 tokens).
   const auto eval_dump = make_source({100, 90}, 32, 4, 2, 1, 5, 8);
   config = EvalConfig{};
   config.methods = {"naive"};
-  config.contexts = {50};
-  EXPECT_NE(error_of([&] { run_evaluation(eval_dump, config); }).find("context 50 has no decode position"),
+  config.contexts = {10};  // positions 10, 26, 42, 58: none in [92, 100) or [82, 90)
+  EXPECT_NE(error_of([&] { run_evaluation(eval_dump, config); }).find("context 10 has no decode position"),
             std::string::npos);
-  config.contexts = {95, 100};
+  config.contexts = {92, 82};
   config.query_stride = 2;
   const auto r = run_evaluation(eval_dump, config);
   EXPECT_EQ(r.rows[0].sequences, 1);
-  EXPECT_EQ(r.rows[0].queries, 2 * 4);  // positions 94, 92 (>= 100-8); 90 has no query
-  EXPECT_EQ(r.rows[1].queries, 4 * 4);  // 99, 97, 95, 93
+  EXPECT_EQ(r.rows[0].queries, 4 * 4);  // 92, 94, 96, 98 in the 100-token sequence
+  EXPECT_EQ(r.rows[1].sequences, 1);
+  EXPECT_EQ(r.rows[1].queries, 4 * 4);  // 82, 84, 86, 88 in the 90-token sequence only
+  config.query_stride = 11;  // context 60: positions 60, 71, 82, 93: 93 in [92, 100), 82 in [82, 90)
+  config.contexts = {60};
+  const auto skipped = run_evaluation(eval_dump, config);
+  EXPECT_EQ(skipped.rows[0].queries, 2 * 4);
+  EXPECT_EQ(skipped.rows[0].sequences, 2);
 }
 
 TEST(Evaluator, ProvenanceWarning) {
