@@ -153,6 +153,10 @@ EvalResult run_evaluation(const ActivationSource& source, const EvalConfig& conf
     for (const auto& name : config.methods) {
       MethodContext context{geometry, config.pack, config.pack_path, variant};
       methods.push_back(make_method(name, context));
+      OSCAR_CHECK(config.backend == "cpu" || !methods.back()->cpu_reference_only(),
+                  "method '{}' stores rows the {} backend cannot decode (per-channel groups, codebooks or norms): "
+                  "run it with --backend cpu",
+                  name, config.backend);
     }
   const int units_of_work = static_cast<int>(methods.size());
   // Check pack layers up front (one clear line instead of a failure deep in a worker).
@@ -251,7 +255,9 @@ EvalResult run_evaluation(const ActivationSource& source, const EvalConfig& conf
         std::vector<float> value_rotation_f(static_cast<size_t>(d) * d);
         for (int i = 0; i < d; ++i)
           for (int j = 0; j < d; ++j) value_rotation_f[static_cast<size_t>(i) * d + j] = static_cast<float>(value_rotation(i, j));
-        const EncodedSequence encoded = method.encode(HeadRows{layer, h, d, needed, ref_k[h].data(), ref_v[h].data()});
+        HeadRows head_rows{layer, h, d, needed, ref_k[h].data(), ref_v[h].data()};
+        for (const auto& keys : ref_k) head_rows.layer_keys.push_back(keys.data());  // whole-layer methods (oscars)
+        const EncodedSequence encoded = method.encode(head_rows);
         for (const auto* rows : {&encoded.dequantized_keys, &encoded.dequantized_values})
           for (size_t i = 0; i < rows->size(); ++i)
             OSCAR_CHECK(std::isfinite((*rows)[i]),
@@ -268,14 +274,14 @@ EvalResult run_evaluation(const ActivationSource& source, const EvalConfig& conf
         for (int ci = 0; ci < num_contexts; ++ci) {
           if (positions[ci][s].empty()) continue;
           const int64_t L = config.contexts[ci];
-          const TierSplit full = split_context(L, layout);
+          const TierSplit full = encoded.value_split(split_context(L, layout));
           CacheRecord record;
-          record.bpe = method.quantizes() ? cache_bits_per_element(CacheSnapshot(encoded, full).view()) : 16.0;
-          record.k_rel_mse = key_errors.relative_error(full);
+          record.bpe = method.quantizes() ? CacheSnapshot(encoded, full).bits_per_element() : 16.0;
+          record.k_rel_mse = key_errors.relative_error(encoded.key_split(full));
           record.v_rel_mse = value_errors.relative_error(full);
           out.caches[ci].push_back(record);
           for (int64_t p : positions[ci][s]) {
-            const TierSplit split = split_context(p + 1, layout);
+            const TierSplit split = encoded.value_split(split_context(p + 1, layout));
             const CacheSnapshot snapshot(encoded, split);
             for (int qi = 0; qi < g; ++qi) {
               const int qh = h * g + qi;
@@ -462,13 +468,16 @@ ReportTable make_report_table(const std::vector<EvalRow>& rows, bool per_layer, 
                   "top8_recall", "k_rel_mse",   "v_rel_mse",     "err_sink",    "err_history", "err_recent",
                   "worst_layer", "worst_layer_rel_err", "queries", "sequences", "sink", "recent", "group_size",
                   "bits", "metadata", "k_clip", "v_clip", "backend"};
+  if (per_layer) table.fields.insert(table.fields.begin() + 2, "layer");
   for (const auto& r : rows) {
-    table.add_row({r.method, static_cast<long>(r.context), r.layers, r.bpe, r.rel_err.mean, r.rel_err.p50,
+    std::vector<ReportValue> v = {r.method, static_cast<long>(r.context), r.layers, r.bpe, r.rel_err.mean, r.rel_err.p50,
                    r.rel_err.p90, r.rel_err.p99, r.rel_err.max, r.cos, r.kl, r.logit_err_max, r.top8_recall,
                    r.k_rel_mse, r.v_rel_mse, r.err_sink, r.err_history, r.err_recent, static_cast<long>(r.worst_layer),
                    r.worst_layer_rel_err, static_cast<long>(r.queries), static_cast<long>(r.sequences),
                    static_cast<long>(r.sink), static_cast<long>(r.recent), static_cast<long>(r.group_size),
-                   static_cast<long>(r.bits), r.metadata, r.k_clip, r.v_clip, r.backend});
+                   static_cast<long>(r.bits), r.metadata, r.k_clip, r.v_clip, r.backend};
+    if (per_layer) v.insert(v.begin() + 2, static_cast<long>(r.layer));
+    table.add_row(std::move(v));
   }
   return table;
 }

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The oscar-eval sweeps of docs/results.md as CSV files: component ablation, window ablation
+# (0/0, 32/128, 64/256, 128/512), group-size and clip-ratio sweeps, context sweep and per-layer rows.
+# Uses the shipped dumps data/smollm2-{calib,eval}.h5 when present, else synthetic ones.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+usage: examples/ablation_sweep.sh [options]
+
+options:
+  --build DIR      build folder with bin/oscar-* (default: build; built if the tools are missing)
+  --out DIR        where the CSV files go (default: <build>/sweeps)
+  --calib DUMP     calibration dump (default: data/smollm2-calib.h5, else synthetic)
+  --eval DUMP      evaluation dump, disjoint from --calib (default: data/smollm2-eval.h5, else synthetic)
+  --pack PACK      use this pack instead of calibrating one from --calib
+  --context N      context of the ablations (default: 8192 for the shipped data, 4096 for synthetic)
+  --contexts LIST  contexts of the context sweep (default: 1024:8192:1024 resp. 512:4096:512)
+  --queries N      decode positions per sequence and context (default 4)
+  -h, --help       this text
+
+outputs (one oscar-eval CSV each): components.csv, windows.csv, group_size.csv, k_clip.csv, v_clip.csv,
+context.csv, per_layer.csv; the exact commands are echoed to stderr.
+USAGE
+}
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+BUILD=build OUT="" CALIB="" EVAL="" PACK="" CONTEXT="" CONTEXTS="" QUERIES=4
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) BUILD=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    --calib) CALIB=$2; shift ;;
+    --eval) EVAL=$2; shift ;;
+    --pack) PACK=$2; shift ;;
+    --context) CONTEXT=$2; shift ;;
+    --contexts) CONTEXTS=$2; shift ;;
+    --queries) QUERIES=$2; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "error: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+OUT=${OUT:-$BUILD/sweeps}
+BIN=$BUILD/bin
+mkdir -p "$OUT"
+
+if [ ! -x "$BIN/oscar-eval" ]; then
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSCAR_ENABLE_CUDA=OFF >/dev/null
+  cmake --build "$BUILD" -j"$(nproc)" --target oscar-capture oscar-covariance oscar-calibrate oscar-eval
+fi
+
+run() {  # echo the command, then run it
+  echo "+ $*" >&2
+  "$@"
+}
+
+if [ -z "$EVAL" ] && [ -f data/smollm2-eval.h5 ] && [ -f data/smollm2-calib.h5 ]; then
+  EVAL=data/smollm2-eval.h5
+  CALIB=${CALIB:-data/smollm2-calib.h5}
+  CONTEXT=${CONTEXT:-8192}
+  CONTEXTS=${CONTEXTS:-1024:8192:1024}
+elif [ -z "$EVAL" ]; then
+  # Synthetic model: 6 layers, 12 query heads, 3 KV heads, d = 128; calibration and evaluation from
+  # different seeds (disjoint activations); evaluation sequences 4096 + 256 decode positions.
+  CALIB=$OUT/synth_calib.h5
+  EVAL=$OUT/synth_eval.h5
+  [ -f "$CALIB" ] || run "$BIN/oscar-capture" synth -q --layers 6 --q-heads 12 --kv-heads 3 --head-dim 128 \
+    --tokens 8192 --sequences 1 --seed 1 -o "$CALIB"
+  [ -f "$EVAL" ] || run "$BIN/oscar-capture" synth -q --layers 6 --q-heads 12 --kv-heads 3 --head-dim 128 \
+    --tokens 4352 --sequences 2 --seed 2 -o "$EVAL"
+  CONTEXT=${CONTEXT:-4096}
+  CONTEXTS=${CONTEXTS:-512:4096:512}
+fi
+CONTEXT=${CONTEXT:-8192}
+CONTEXTS=${CONTEXTS:-1024:8192:1024}
+
+if [ -z "$PACK" ]; then
+  [ -n "$CALIB" ] || { echo "error: --eval given without --calib or --pack" >&2; exit 2; }
+  PACK=$OUT/pack.h5
+  run "$BIN/oscar-covariance" -q -o "$OUT/stats.h5" "$CALIB"
+  run "$BIN/oscar-calibrate" -q -o "$PACK" "$OUT/stats.h5"
+fi
+
+HEAD_DIM=$("$BIN/oscar-capture" info --json --no-summary "$EVAL" | python3 -c 'import json,sys; print(json.load(sys.stdin)["head_dim"])')
+EVAL_ARGS=(--dump "$EVAL" --pack "$PACK" --queries "$QUERIES" --format csv -q)
+
+# 1. Components: baselines, OSCAR, every composition from the pack's eigenbasis, clipping, windows.
+run "$BIN/oscar-eval" "${EVAL_ARGS[@]}" --context "$CONTEXT" -o "$OUT/components.csv" --methods \
+  bf16,naive,hadamard,oscar,oscar-ablation:u_h,oscar-ablation:u_p,oscar-ablation:u,oscar-ablation:h_p,oscar-ablation:h,oscar-ablation:u_p_h,oscar-ablation:none,oscar-ablation:clip-fixed,oscar-ablation:no-clip,oscar-ablation:no-windows
+# 2. Windows (sink/recent), every method on equal footing.
+run "$BIN/oscar-eval" "${EVAL_ARGS[@]}" --context "$CONTEXT" -o "$OUT/windows.csv" --methods naive,hadamard,oscar \
+  --windows 0/0,32/128,64/256,128/512
+# 3. Group size G in {d, d/2, d/4, 32} (0 = d).
+GROUP_SIZES="0,$((HEAD_DIM / 2)),$((HEAD_DIM / 4))"
+[ "$HEAD_DIM" -gt 128 ] && GROUP_SIZES="$GROUP_SIZES,32"
+run "$BIN/oscar-eval" "${EVAL_ARGS[@]}" --context "$CONTEXT" -o "$OUT/group_size.csv" --methods naive,hadamard,oscar \
+  --group-size "$GROUP_SIZES"
+# 4. Clip ratios, one side at a time (the other keeps the pack's ratio).
+run "$BIN/oscar-eval" "${EVAL_ARGS[@]}" --context "$CONTEXT" -o "$OUT/k_clip.csv" --methods oscar \
+  --k-clip 0.84,0.88,0.92,0.94,0.96,0.98,1.0
+run "$BIN/oscar-eval" "${EVAL_ARGS[@]}" --context "$CONTEXT" -o "$OUT/v_clip.csv" --methods oscar \
+  --v-clip 0.84,0.88,0.90,0.92,0.94,0.96,1.0
+# 5. Error against context length, and per layer at the ablation context.
+run "$BIN/oscar-eval" "${EVAL_ARGS[@]}" --context "$CONTEXTS" -o "$OUT/context.csv" --methods bf16,naive,hadamard,oscar
+run "$BIN/oscar-eval" "${EVAL_ARGS[@]}" --context "$CONTEXT" -o "$OUT/per_layer.csv" --methods naive,hadamard,oscar \
+  --per-layer
+echo "wrote $OUT/{components,windows,group_size,k_clip,v_clip,context,per_layer}.csv" >&2
