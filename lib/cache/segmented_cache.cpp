@@ -146,12 +146,14 @@ EncodedSequence EncodedSequence::encode(const float* rotated_keys, const float* 
   return e;
 }
 
-const float* EncodedSequence::key_row(int64_t j, const TierSplit& split) const {
+const float* EncodedSequence::key_row(int64_t j, const TierSplit& tiers) const {
+  const TierSplit split = key_split(tiers);
   const bool history = j >= split.history_begin() && j < split.recent_begin();
   return (history ? dequantized_keys.data() : window_keys.data()) + static_cast<size_t>(j) * dim;
 }
 
-const float* EncodedSequence::value_row(int64_t j, const TierSplit& split) const {
+const float* EncodedSequence::value_row(int64_t j, const TierSplit& tiers) const {
+  const TierSplit split = value_split(tiers);
   const bool history = j >= split.history_begin() && j < split.recent_begin();
   return (history ? dequantized_values.data() : window_values.data()) + static_cast<size_t>(j) * dim;
 }
@@ -159,6 +161,23 @@ const float* EncodedSequence::value_row(int64_t j, const TierSplit& split) const
 CacheSnapshot::CacheSnapshot(const EncodedSequence& encoded, const TierSplit& split) : split_(split) {
   OSCAR_CHECK(split.total() <= encoded.tokens, "cache of {} tokens asked from a sequence of {}", split.total(),
               encoded.tokens);
+  if (encoded.external) {
+    // Rows as the decode reads them, presented as one float tier (the CPU reference attends to it in float64).
+    const int64_t n = split.total();
+    const size_t d = static_cast<size_t>(encoded.dim);
+    external_keys_.resize(n * d);
+    external_values_.resize(n * d);
+    for (int64_t j = 0; j < n; ++j) {
+      std::copy_n(encoded.key_row(j, split), d, external_keys_.data() + j * d);
+      std::copy_n(encoded.value_row(j, split), d, external_values_.data() + j * d);
+    }
+    external_bits_ = n > 0 ? encoded.external->storage_bits(n) / (2.0 * static_cast<double>(n) * encoded.dim) : 0.0;
+    view_.dim = encoded.dim;
+    view_.sink_tokens = static_cast<int>(n);
+    view_.sink_keys = external_keys_.data();
+    view_.sink_values = external_values_.data();
+    return;
+  }
   OSCAR_CHECK(split.history == 0 || encoded.quantized_keys.rows >= split.recent_begin(),
               "this method stores no quantised tier, but the layout puts {} tokens in history", split.history);
   const size_t d = static_cast<size_t>(encoded.dim);
@@ -176,6 +195,10 @@ CacheSnapshot::CacheSnapshot(const EncodedSequence& encoded, const TierSplit& sp
   view_.recent_tokens = static_cast<int>(split.recent);
   view_.recent_keys = encoded.window_keys.data() + split.recent_begin() * d;
   view_.recent_values = encoded.window_values.data() + split.recent_begin() * d;
+}
+
+double CacheSnapshot::bits_per_element() const {
+  return external_bits_ >= 0 ? external_bits_ : cache_bits_per_element(view_);
 }
 
 }  // namespace oscar

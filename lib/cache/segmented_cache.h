@@ -3,6 +3,7 @@
 // with tokens demoted from the recent window in pages; and its storage in bits (BPE from storage).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/decode_backend.h"
@@ -65,6 +66,20 @@ class SegmentedCache {
   QuantizedRows history_keys_, history_values_;     // [H, d]
 };
 
+// Storage of a method whose quantised tier is not per-token QuantizedRows (lib/methods/baselines:
+// per-channel groups across tokens, codebooks, norms, and K and V windows that differ): the method says
+// which keys and which values are read in their dequantised form at each context, and how many bits it
+// stores. Such a cache is decoded from dequantised rows by the CPU reference backend.
+class ExternalStorage {
+ public:
+  virtual ~ExternalStorage() = default;
+  // Tiers of the keys / values of a cache holding `context` tokens ([sink, sink + history) dequantised).
+  virtual TierSplit key_split(int64_t context) const = 0;
+  virtual TierSplit value_split(int64_t context) const = 0;
+  // Bits stored for K and V of this head at `context`: codes, all metadata, full-precision windows.
+  virtual double storage_bits(int64_t context) const = 0;
+};
+
 // Every token of one sequence (one KV head) encoded both ways a cache may store it: BF16 window rows
 // and quantised rows. Since both are per token, the cache at any context c <= tokens is assembled by
 // picking each token's form from split_context(c): the history is quantised once and reused for every
@@ -75,6 +90,9 @@ struct EncodedSequence {
   std::vector<float> window_keys, window_values;  // [tokens, d] rotated, BF16-rounded
   QuantizedRows quantized_keys, quantized_values;  // [tokens, d] (rows = 0 when nothing is ever quantised)
   std::vector<float> dequantized_keys, dequantized_values;  // [tokens, d] = dequantize(quantized_*)
+  // Set by methods with their own storage (quantized_* then stay empty; dequantized_* hold every token's
+  // quantised form): key_row / value_row follow its K and V splits and CacheSnapshot its bits.
+  std::shared_ptr<const ExternalStorage> external;
 
   // Rotated rows [tokens, d]: windows get BF16 rounding, every row is quantised with the configs
   // (when quantize is false, only the window form exists and split() must put no token in history).
@@ -84,6 +102,11 @@ struct EncodedSequence {
   // Key / value row j of the cache at a context with this split, as the decode reads it.
   const float* key_row(int64_t j, const TierSplit& split) const;
   const float* value_row(int64_t j, const TierSplit& split) const;
+  // The key / value tiers at this split's context: the external storage's, or the split itself.
+  TierSplit key_split(const TierSplit& split) const { return external ? external->key_split(split.total()) : split; }
+  TierSplit value_split(const TierSplit& split) const {
+    return external ? external->value_split(split.total()) : split;
+  }
 };
 
 // The cache of an EncodedSequence at one context: owns the history slice, exposes a SegmentedCacheView.
@@ -92,10 +115,15 @@ class CacheSnapshot {
   CacheSnapshot(const EncodedSequence& encoded, const TierSplit& split);
   const SegmentedCacheView& view() const { return view_; }
   const TierSplit& split() const { return split_; }
+  // Effective bits per element of this cache (external storage: the method's own count).
+  double bits_per_element() const;
 
  private:
   TierSplit split_;
   QuantizedRows history_keys_, history_values_;
+  // External storage: every row as the decode reads it ([context, d] each), exposed as one float tier.
+  std::vector<float> external_keys_, external_values_;
+  double external_bits_ = -1;
   SegmentedCacheView view_;
 };
 

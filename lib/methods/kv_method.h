@@ -44,6 +44,9 @@ struct HeadRows {
   int64_t tokens = 0;
   const float* keys = nullptr;    // [tokens, d]
   const float* values = nullptr;  // [tokens, d]
+  // Keys [tokens, d] of every KV head of this layer (index = KV head, same rounding as keys), for methods
+  // that need the whole layer (OScaR's omni-token norm); empty when the caller has only this head.
+  std::vector<const float*> layer_keys;
 };
 
 class KvMethod {
@@ -63,6 +66,9 @@ class KvMethod {
   virtual EncodedSequence encode(const HeadRows& rows) const;
   // True when the layout may put tokens in the quantised tier (false for bf16).
   virtual bool quantizes() const { return true; }
+  // True when encode() returns an EncodedSequence with external storage (dequantised rows that are not
+  // per-token QuantizedRows): only the CPU reference backend can decode it.
+  virtual bool cpu_reference_only() const { return false; }
 };
 
 using MethodFactory = std::function<std::unique_ptr<KvMethod>(const std::string& name, const MethodContext&)>;
