@@ -1,8 +1,19 @@
 // Split-K flash-decoding kernels (see paged_decode.h). One CTA = (split, KV head, sequence), 4 warps.
-// INT2 path: each warp streams 64-token blocks; K and V codes go straight from 2-bit fields into
-// fp16 tensor-core fragments (1 + code/4, exact) with the g query heads as the n = 8 columns, so one
-// read of each packed byte serves every query head of the KV head. Scale and zero are applied per
-// token afterwards: q.k_hat = s (q.c - z sum q), sum_j w_j v_hat_j = sum_j w_j s_j (c_j - z_j).
+//
+// INT2 path. Each warp runs its own cp.async pipeline (STAGES deep) that copies whole 16-token tiles
+// (K codes [16, d/4], V codes [16, d/4], metadata [16, 4] floats: contiguous in a page) into its
+// shared-memory ring, two tiles per stage, and computes on them with mma.sync m16n8k16 (fp16 in,
+// fp32 accumulate), the g <= 8 query heads of the KV head as the n = 8 columns, so each byte read
+// serves every query head. No dequantisation: q.k_hat = s (q.c - z sum q) and
+// sum_t w_t v_hat_t = sum_t w_t s_t (c_t - z_t).
+// 2-bit codes become fp16 operands with one LOP3 each: a code at mantissa bits 4-5, 6-7 or 8-9 of a
+// half with exponent 64, 16 or 4 reads as (64 + c), (16 + c) or (4 + c) exactly; two shifts per
+// 32-bit word bring all 16 codes of a word to such positions (K), four shifts for V (whose offsets
+// stay <= 16 so the fp32 accumulation of the offset costs < 2^-20 relative). The offsets are constants
+// per channel and are removed afterwards: for K as sum_j q_j off_j per head, for V as off_c sum_t w_t.
+// The mma k index of QK and the m index of PV are channel permutations; both are undone exactly
+// (the q fragments are built in the permuted order, the output channels written back unpermuted).
+//
 // BF16 path: plain fp32 FMA (a lane per token for q.k, a lane per channel slice for p.v).
 #include <cmath>
 #include <stdexcept>
@@ -17,6 +28,7 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kGroup = kDecodeMaxGroup;
+constexpr int kThreads = kDecodeWarps * 32;
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);
@@ -40,38 +52,66 @@ __device__ __forceinline__ uint32_t transpose_8x8_b16(uint32_t v) {
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(v));
   return r;
 }
-// half2 (1 + c/4) of quarter qq of bytes 1 and 3 of w (0x3C00 = 1.0; code in mantissa bits 8-9).
-__device__ __forceinline__ uint32_t codes_odd_bytes(uint32_t w, int qq) {
-  return ((w >> (2 * qq)) & 0x03000300u) | 0x3C003C00u;
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
-// The same for bytes 0 and 2.
-__device__ __forceinline__ uint32_t codes_even_bytes(uint32_t w, int qq) {
-  return ((w << (8 - 2 * qq)) & 0x03000300u) | 0x3C003C00u;
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-template <int N>
-struct Bytes {
-  static constexpr int kWords = N >= 4 ? N / 4 : 1;
-  uint32_t w[kWords];
-  __device__ __forceinline__ void load(const uint8_t* ptr) {
-    if constexpr (N == 16) {
-      uint4 v = __ldg(reinterpret_cast<const uint4*>(ptr));
-      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-    } else if constexpr (N == 8) {
-      uint2 v = __ldg(reinterpret_cast<const uint2*>(ptr));
-      w[0] = v.x, w[1] = v.y;
-    } else if constexpr (N == 4) {
-      w[0] = __ldg(reinterpret_cast<const unsigned int*>(ptr));
-    } else {
-      w[0] = __ldg(reinterpret_cast<const unsigned short*>(ptr));
-    }
-  }
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) w[i] = 0;
-  }
-  __device__ __forceinline__ uint32_t byte_word(int e) const { return w[e / 4]; }
+// ---------------------------------------------------------------- INT2 path
+// Code fields of a 16-bit half: byte b (0 low, 1 high) and quarter qq (bits 2qq..2qq+1 of that byte);
+// channel = qq * d/4 + byte index in the row. A field moved to mantissa bits 4-5 / 6-7 / 8-9 of a half
+// with exponent 64 / 16 / 4 reads as off + c, off = 64 / 16 / 4.
+__device__ __forceinline__ uint32_t field_at(uint32_t src, int pos) {
+  const uint32_t mask = pos == 4 ? 0x00300030u : pos == 6 ? 0x00C000C0u : 0x03000300u;
+  const uint32_t expo = pos == 4 ? 0x54005400u : pos == 6 ? 0x4C004C00u : 0x44004400u;
+  return (src & mask) | expo;
+}
+__host__ __device__ constexpr int field_offset(int pos) { return pos == 4 ? 64 : pos == 6 ? 16 : 4; }
+
+// K: 8 half2 per 32-bit word from w, w << 4, w >> 6 (offsets <= 64).
+struct KField {
+  int src, pos, b, qq;  // src 0: w, 1: w << 4, 2: w >> 6
 };
+__host__ __device__ constexpr KField k_field(int e) {
+  constexpr KField t[8] = {{0, 4, 0, 2}, {0, 6, 0, 3}, {0, 8, 1, 0}, {1, 4, 0, 0},
+                           {1, 6, 0, 1}, {2, 4, 1, 1}, {2, 6, 1, 2}, {2, 8, 1, 3}};
+  return t[e];
+}
+// V: 8 half2 per pair-word X from X, X << 6, X << 2, X >> 2, X >> 6 (offsets <= 16).
+struct VField {
+  int src, pos, b, qq;  // src 0: X, 1: X << 6, 2: X << 2, 3: X >> 2, 4: X >> 6
+};
+__host__ __device__ constexpr VField v_field(int f) {
+  constexpr VField t[8] = {{0, 6, 0, 3}, {0, 8, 1, 0}, {1, 6, 0, 0}, {1, 8, 0, 1},
+                           {2, 6, 0, 2}, {3, 8, 1, 1}, {4, 6, 1, 2}, {4, 8, 1, 3}};
+  return t[f];
+}
+
+template <int D>
+struct Int2Geom {
+  static constexpr int Q = D / 4;          // packed bytes per token row
+  static constexpr int KW = D / 64;        // K words per thread per token row (QK A fragments)
+  static constexpr int VB = D / 32;        // V bytes per thread per token (PV A fragments)
+  static constexpr int NX = VB / 2;        // pair-words per token pair
+  static constexpr int CHUNKS = D / 16;    // k16 chunks of the QK product
+  static constexpr int MT = D / 16;        // m16 tiles of the PV product (output channels)
+  static constexpr int TILES = 2;          // 16-token tiles per warp per stage
+  static constexpr int STAGES = D == 256 ? 3 : 4;
+  static constexpr int TILE_BYTES = 16 * (2 * Q + 16);  // K codes, V codes, metadata
+  static constexpr int WARP_BYTES = STAGES * TILES * TILE_BYTES;
+  static constexpr int CTA_BYTES = kDecodeWarps * WARP_BYTES;
+  static constexpr int STEP = kDecodeWarps * TILES * 16;  // tokens per CTA step
+  static_assert(STEP == kInt2SplitQuantum, "split quantum must equal one CTA step");
+};
+
+// Row r of a 16-token tile (S row / mma k slot) reads physical token tile_token(r): slots 2i, 2i+1 of
+// the PV k dimension are tokens i, i + 4 (bank-conflict-free V reads).
+__device__ __forceinline__ int tile_token(int r) { return (r & 8) | (r >> 1 & 3) | (r & 1) << 2; }
 
 // Per-warp running state handed to the CTA combine: m (log2 domain), l, unnormalised O [g][d].
 template <int D>
@@ -82,181 +122,260 @@ struct CtaShared {
   float q[kGroup][D];                 // BF16 path: queries * scale * log2e
   float p[kDecodeWarps][kGroup][32];  // BF16 path: probabilities of the current 32-token block
 };
-
-// ---------------------------------------------------------------- INT2 path
 template <int D>
-__device__ void int2_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, int kv, int t_begin, int t_end) {
-  constexpr int Q = D / 4;           // packed bytes per token row
-  constexpr int KB = D / 16;         // K bytes per thread per token (QK fragments)
-  constexpr int VB = D / 32;         // V bytes per thread per token (PV fragments)
-  constexpr int CHUNKS = D / 16;     // k16 chunks of the QK product
-  constexpr int MT = D / 16;         // m16 tiles of the PV product (output channels)
-  constexpr int TILES = D == 256 ? 2 : 4;  // 16-token tiles per step
+constexpr int smem_bytes() {
+  return (int)sizeof(CtaShared<D>) > Int2Geom<D>::CTA_BYTES ? (int)sizeof(CtaShared<D>) : Int2Geom<D>::CTA_BYTES;
+}
+
+// One CTA over INT2 tokens [t_begin, t_end) of (b, kv). Shared memory: the stage rings (ring) alias sh;
+// all warps call this (uniform), and it ends with sh.o/m/l written for heads < g.
+template <int D>
+__device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* ring, int b, int kv, int t_begin,
+                         int t_end) {
+  using G = Int2Geom<D>;
+  constexpr int Q = G::Q, KW = G::KW, VB = G::VB, NX = G::NX, TILES = G::TILES, STAGES = G::STAGES;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tq = lane % 4;
   const int g = p.group;
-  const float logit_factor = 4.0f * p.softmax_scale * kLog2e;
+  const float logit_factor = p.softmax_scale * kLog2e;
 
-  // B fragments of q (n = head gid): chunk c = 4*wd + qq covers channels qq*Q + tq*KB + 4*wd + {0,2 | 1,3}.
-  uint32_t qf[CHUNKS][2];
-  float qsum_own = 0;
+  // B fragments of q for head gid: chunk c = i / 2, slot i % 2 (b0 / b1), i = 8u + e for word
+  // tq * KW + u and field e; lo half = byte 4w + b, hi half = byte 4w + 2 + b.
+  uint32_t qf[G::CHUNKS][2];
+  float qsum_own = 0.f, qoff_own = 0.f;
   {
     const float* q = p.queries + ((size_t)b * p.num_kv_heads * g + (size_t)kv * g + gid) * D;
     const bool live = gid < g;
 #pragma unroll
-    for (int c = 0; c < CHUNKS; ++c) {
-      const int wd = c / 4, qq = c % 4;
-      const int base = qq * Q + tq * KB + 4 * wd;
-      float v0 = live ? q[base + 0] : 0.f, v1 = live ? q[base + 1] : 0.f;
-      float v2 = live ? q[base + 2] : 0.f, v3 = live ? q[base + 3] : 0.f;
-      qf[c][0] = pack_half2(v0, v2);
-      qf[c][1] = pack_half2(v1, v3);
-      float2 a = unpack_half2(qf[c][0]), bb = unpack_half2(qf[c][1]);
-      qsum_own += (a.x + a.y) + (bb.x + bb.y);
+    for (int u = 0; u < KW; ++u) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const KField f = k_field(e);
+        const int ch = f.qq * Q + 4 * (tq * KW + u) + f.b;
+        const float v0 = live ? q[ch] : 0.f, v1 = live ? q[ch + 2] : 0.f;
+        const uint32_t h = pack_half2(v0, v1);
+        qf[(8 * u + e) / 2][e % 2] = h;
+        const float2 r = unpack_half2(h);
+        qsum_own += r.x + r.y;
+        qoff_own += (float)field_offset(f.pos) * (r.x + r.y);
+      }
     }
-    qsum_own += __shfl_xor_sync(0xffffffffu, qsum_own, 1);
-    qsum_own += __shfl_xor_sync(0xffffffffu, qsum_own, 2);
+#pragma unroll
+    for (int off = 1; off < 4; off *= 2) {
+      qsum_own += __shfl_xor_sync(0xffffffffu, qsum_own, off);
+      qoff_own += __shfl_xor_sync(0xffffffffu, qoff_own, off);
+    }
   }
-  // Sums of the (rounded) queries of the heads this thread holds in C fragments: 2tq, 2tq+1.
+  // Heads of this thread's C fragments: 2tq, 2tq+1.
   const float qsum0 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq) * 4);
   const float qsum1 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq + 1) * 4);
+  const float qoff0 = __shfl_sync(0xffffffffu, qoff_own, (2 * tq) * 4);
+  const float qoff1 = __shfl_sync(0xffffffffu, qoff_own, (2 * tq + 1) * 4);
 
-  float o[MT][4];
+  float o[G::MT][4];
 #pragma unroll
-  for (int i = 0; i < MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY;  // heads 2tq, 2tq+1
-  float l0 = 0.f, l1 = 0.f, wz0 = 0.f, wz1 = 0.f;
+  for (int i = 0; i < G::MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  float w0 = 0.f, w1 = 0.f, wz0 = 0.f, wz1 = 0.f;  // sum of PV weights (as fed, fp16) and of weight * zero
 
   const int P = p.int2_page_size;
+  const int page_shift = 31 - __clz(P);
   const int32_t* table = p.int2_page_table + (size_t)b * p.int2_max_pages;
-  constexpr int STEP = 16 * TILES;
-
-  // Register double buffering: the next block's codes and metadata are in flight while this one computes.
-  Bytes<KB> kc[TILES][2];
-  Bytes<VB> vc[TILES][4];
-  float4 meta[TILES][2];
-  auto load_block = [&](int blk, Bytes<KB> (&kc)[TILES][2], Bytes<VB> (&vc)[TILES][4], float4 (&meta)[TILES][2]) {
+  uint8_t* wring = ring + warp * G::WARP_BYTES;
+  const int nsteps = (t_end - t_begin + G::STEP - 1) / G::STEP;
+  auto tile_start = [&](int k, int t) { return t_begin + k * G::STEP + (warp * TILES + t) * 16; };
+  auto load_pages = [&](int k, int (&pg)[TILES]) {
 #pragma unroll
     for (int t = 0; t < TILES; ++t) {
-      const int tile = blk + 16 * t;
-      if (tile < t_end) {
-        const int page = table[tile / P];
-        const size_t row = ((size_t)page * p.num_kv_heads + kv) * P + (tile % P);
-        const uint8_t* kp = p.key_codes + row * Q;
-        const uint8_t* vp = p.value_codes + row * Q;
-        kc[t][0].load(kp + gid * Q + tq * KB);
-        kc[t][1].load(kp + (gid + 8) * Q + tq * KB);
-        vc[t][0].load(vp + (2 * tq) * Q + gid * VB);
-        vc[t][1].load(vp + (2 * tq + 1) * Q + gid * VB);
-        vc[t][2].load(vp + (2 * tq + 8) * Q + gid * VB);
-        vc[t][3].load(vp + (2 * tq + 9) * Q + gid * VB);
-        const float4* mp = reinterpret_cast<const float4*>(p.int2_metadata) + row;
-        meta[t][0] = tile + gid < t_end ? __ldg(mp + gid) : make_float4(0.f, 0.f, 0.f, 0.f);
-        meta[t][1] = tile + gid + 8 < t_end ? __ldg(mp + gid + 8) : make_float4(0.f, 0.f, 0.f, 0.f);
-      } else {
-        kc[t][0].zero(), kc[t][1].zero();
-        vc[t][0].zero(), vc[t][1].zero(), vc[t][2].zero(), vc[t][3].zero();
-        meta[t][0] = meta[t][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      const int tok = tile_start(k, t);
+      pg[t] = tok < t_end ? __ldg(table + (tok >> page_shift)) : 0;
+    }
+  };
+  auto issue = [&](int k, const int (&pg)[TILES]) {
+    uint8_t* buf = wring + (k % STAGES) * (TILES * G::TILE_BYTES);
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+      const int tok = tile_start(k, t);
+      if (tok < t_end) {
+        const size_t row = ((size_t)pg[t] * p.num_kv_heads + kv) * P + (tok & (P - 1));
+        uint8_t* tb = buf + t * G::TILE_BYTES;
+#pragma unroll
+        for (int c0 = 0; c0 < 2 * Q; c0 += 32) {
+          const int c = c0 + lane;  // 16-byte chunk: K codes [0, Q), V codes [Q, 2Q)
+          const uint8_t* src = c < Q ? p.key_codes + row * Q + c * 16 : p.value_codes + row * Q + (c - Q) * 16;
+          cp_async16(tb + c * 16, src);
+        }
+        if (lane < 16)
+          cp_async16(tb + 32 * Q + lane * 16, reinterpret_cast<const uint8_t*>(p.int2_metadata) + (row + lane) * 16);
       }
     }
   };
-  Bytes<KB> nkc[TILES][2];
-  Bytes<VB> nvc[TILES][4];
-  float4 nmeta[TILES][2];
-  int blk = t_begin + warp * STEP;
-  if (blk < t_end) load_block(blk, nkc, nvc, nmeta);
-  for (; blk < t_end; blk += kDecodeWarps * STEP) {
-#pragma unroll
-    for (int t = 0; t < TILES; ++t) {
-      kc[t][0] = nkc[t][0], kc[t][1] = nkc[t][1];
-      vc[t][0] = nvc[t][0], vc[t][1] = nvc[t][1], vc[t][2] = nvc[t][2], vc[t][3] = nvc[t][3];
-      meta[t][0] = nmeta[t][0], meta[t][1] = nmeta[t][1];
-    }
-    if (blk + kDecodeWarps * STEP < t_end) load_block(blk + kDecodeWarps * STEP, nkc, nvc, nmeta);
-    // S^T [16 tokens x 8 heads] per tile.
-    float s[TILES][4];
-#pragma unroll
-    for (int t = 0; t < TILES; ++t) {
-      s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
-#pragma unroll
-      for (int c = 0; c < CHUNKS; ++c) {
-        const int wd = c / 4, qq = c % 4;
-        mma_16816(s[t], codes_even_bytes(kc[t][0].w[wd], qq), codes_even_bytes(kc[t][1].w[wd], qq),
-                  codes_odd_bytes(kc[t][0].w[wd], qq), codes_odd_bytes(kc[t][1].w[wd], qq), qf[c][0], qf[c][1]);
-      }
-    }
-    // Logits (log2 domain), block max per head.
-    float bmax0 = -INFINITY, bmax1 = -INFINITY;
-#pragma unroll
-    for (int t = 0; t < TILES; ++t) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int tok = blk + 16 * t + gid + 8 * r;
-        const float4 mt = meta[t][r];
-        const float alpha = logit_factor * mt.x, beta = 1.f + 0.25f * mt.y;
-        const bool valid = tok < t_end;
-        s[t][2 * r + 0] = valid ? alpha * (s[t][2 * r + 0] - beta * qsum0) : -INFINITY;
-        s[t][2 * r + 1] = valid ? alpha * (s[t][2 * r + 1] - beta * qsum1) : -INFINITY;
-        bmax0 = fmaxf(bmax0, s[t][2 * r + 0]);
-        bmax1 = fmaxf(bmax1, s[t][2 * r + 1]);
-      }
-    }
-#pragma unroll
-    for (int off = 4; off < 32; off *= 2) {
-      bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
-      bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
-    }
-    const float mn0 = fmaxf(m0, bmax0), mn1 = fmaxf(m1, bmax1);
-    const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
-    m0 = mn0, m1 = mn1;
-    l0 *= corr0, l1 *= corr1, wz0 *= corr0, wz1 *= corr1;
-#pragma unroll
-    for (int i = 0; i < MT; ++i) o[i][0] *= corr0, o[i][1] *= corr1, o[i][2] *= corr0, o[i][3] *= corr1;
 
+  int pg[TILES];
 #pragma unroll
-    for (int t = 0; t < TILES; ++t) {
-      uint32_t pb[2];
+  for (int k = 0; k < STAGES - 1; ++k) {
+    load_pages(k, pg);
+    issue(k, pg);
+    cp_async_commit();
+  }
+  load_pages(STAGES - 1, pg);
+  for (int k = 0; k < nsteps; ++k) {
+    issue(k + STAGES - 1, pg);
+    cp_async_commit();
+    load_pages(k + STAGES, pg);
+    cp_async_wait<STAGES - 1>();
+    __syncwarp();
+    if (tile_start(k, 0) < t_end) {
+      const uint8_t* buf = wring + (k % STAGES) * (TILES * G::TILE_BYTES);
+      // S^T [16 tokens x 8 heads] per tile; rows gid and gid + 8 are tokens tile_token(gid), tile_token(gid + 8).
+      float s[TILES][4];
+      float4 meta[TILES][2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float4 mt = meta[t][r];
-        const float p0 = exp2f(s[t][2 * r + 0] - m0), p1 = exp2f(s[t][2 * r + 1] - m1);
-        l0 += p0, l1 += p1;
-        const uint32_t w = pack_half2(p0 * mt.z, p1 * mt.z);
-        const float2 wf = unpack_half2(w);
-        wz0 += wf.x * (4.f + mt.w);
-        wz1 += wf.y * (4.f + mt.w);
-        pb[r] = transpose_8x8_b16(w);  // -> (tokens 2tq, 2tq+1 [+8]; head gid)
+      for (int t = 0; t < TILES; ++t) {
+        const uint8_t* tb = buf + t * G::TILE_BYTES;
+        uint32_t kw[2][KW];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint8_t* kp = tb + tile_token(gid + 8 * r) * Q + tq * KW * 4;
+          if constexpr (KW == 1) {
+            kw[r][0] = *reinterpret_cast<const uint32_t*>(kp);
+          } else if constexpr (KW == 2) {
+            const uint2 v = *reinterpret_cast<const uint2*>(kp);
+            kw[r][0] = v.x, kw[r][1] = v.y;
+          } else {
+            const uint4 v = *reinterpret_cast<const uint4*>(kp);
+            kw[r][0] = v.x, kw[r][1] = v.y, kw[r][2] = v.z, kw[r][3] = v.w;
+          }
+        }
+        s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+#pragma unroll
+        for (int u = 0; u < KW; ++u) {
+          uint32_t src[2][3];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) src[r][0] = kw[r][u], src[r][1] = kw[r][u] << 4, src[r][2] = kw[r][u] >> 6;
+#pragma unroll
+          for (int e = 0; e < 8; e += 2) {
+            const KField f0 = k_field(e), f1 = k_field(e + 1);
+            mma_16816(s[t], field_at(src[0][f0.src], f0.pos), field_at(src[1][f0.src], f0.pos),
+                      field_at(src[0][f1.src], f1.pos), field_at(src[1][f1.src], f1.pos), qf[(8 * u + e) / 2][0],
+                      qf[(8 * u + e) / 2][1]);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int tok = tile_start(k, t) + tile_token(gid + 8 * r);
+          const float4 mt = *reinterpret_cast<const float4*>(tb + 32 * Q + tile_token(gid + 8 * r) * 16);
+          meta[t][r] = tok < t_end ? mt : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+      // Logits (log2 domain), stage max per head.
+      float bmax0 = -INFINITY, bmax1 = -INFINITY;
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int tok = tile_start(k, t) + tile_token(gid + 8 * r);
+          const float4 mt = meta[t][r];
+          const float alpha = logit_factor * mt.x;
+          const bool valid = tok < t_end;
+          s[t][2 * r + 0] = valid ? alpha * (s[t][2 * r + 0] - fmaf(mt.y, qsum0, qoff0)) : -INFINITY;
+          s[t][2 * r + 1] = valid ? alpha * (s[t][2 * r + 1] - fmaf(mt.y, qsum1, qoff1)) : -INFINITY;
+          bmax0 = fmaxf(bmax0, s[t][2 * r + 0]);
+          bmax1 = fmaxf(bmax1, s[t][2 * r + 1]);
+        }
       }
 #pragma unroll
-      for (int e = 0; e < VB; ++e) {
-        const int sel = (e % 4) | ((e % 4) << 4) | ((4 + e % 4) << 8) | ((4 + e % 4) << 12);
-        const uint32_t x = __byte_perm(vc[t][0].byte_word(e), vc[t][1].byte_word(e), sel);
-        const uint32_t y = __byte_perm(vc[t][2].byte_word(e), vc[t][3].byte_word(e), sel);
+      for (int off = 4; off < 32; off *= 2) {
+        bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
+        bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
+      }
+      if (__any_sync(0xffffffffu, bmax0 > m0 || bmax1 > m1)) {
+        const float mn0 = fmaxf(m0, bmax0), mn1 = fmaxf(m1, bmax1);
+        const float corr0 = mn0 == m0 ? 1.f : exp2f(m0 - mn0), corr1 = mn1 == m1 ? 1.f : exp2f(m1 - mn1);
+        m0 = mn0, m1 = mn1;
+        l0 *= corr0, l1 *= corr1, w0 *= corr0, w1 *= corr1, wz0 *= corr0, wz1 *= corr1;
 #pragma unroll
-        for (int pp = 0; pp < 2; ++pp) {
-          mma_16816(o[2 * e + pp], codes_odd_bytes(x, 2 * pp), codes_odd_bytes(x, 2 * pp + 1),
-                    codes_odd_bytes(y, 2 * pp), codes_odd_bytes(y, 2 * pp + 1), pb[0], pb[1]);
+        for (int i = 0; i < G::MT; ++i) o[i][0] *= corr0, o[i][1] *= corr1, o[i][2] *= corr0, o[i][3] *= corr1;
+      }
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) {
+        const uint8_t* vt = buf + t * G::TILE_BYTES + 16 * Q;
+        uint32_t pb[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float4 mt = meta[t][r];
+          const float p0 = s[t][2 * r + 0] == -INFINITY ? 0.f : exp2f(s[t][2 * r + 0] - m0);
+          const float p1 = s[t][2 * r + 1] == -INFINITY ? 0.f : exp2f(s[t][2 * r + 1] - m1);
+          l0 += p0, l1 += p1;
+          const uint32_t wh = pack_half2(p0 * mt.z, p1 * mt.z);
+          const float2 wf = unpack_half2(wh);
+          w0 += wf.x, w1 += wf.y;
+          wz0 = fmaf(wf.x, mt.w, wz0), wz1 = fmaf(wf.y, mt.w, wz1);
+          pb[r] = transpose_8x8_b16(wh);  // -> (k slots 2tq, 2tq+1 [+8]; head gid)
+        }
+        // V pair-words: k slots (2tq, 2tq+1) = tokens (tq, tq+4); slots (2tq+8, 2tq+9) = (tq+8, tq+12).
+        uint32_t x[2][NX];
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const uint8_t* a = vt + (tq + 8 * hi) * Q + gid * VB;
+          const uint8_t* c = vt + (tq + 4 + 8 * hi) * Q + gid * VB;
+          if constexpr (VB == 2) {
+            x[hi][0] = __byte_perm(*reinterpret_cast<const uint16_t*>(a), *reinterpret_cast<const uint16_t*>(c), 0x5410);
+          } else if constexpr (VB == 4) {
+            const uint32_t wa = *reinterpret_cast<const uint32_t*>(a), wc = *reinterpret_cast<const uint32_t*>(c);
+            x[hi][0] = __byte_perm(wa, wc, 0x5410), x[hi][1] = __byte_perm(wa, wc, 0x7632);
+          } else {
+            const uint2 wa = *reinterpret_cast<const uint2*>(a), wc = *reinterpret_cast<const uint2*>(c);
+            x[hi][0] = __byte_perm(wa.x, wc.x, 0x5410), x[hi][1] = __byte_perm(wa.x, wc.x, 0x7632);
+            x[hi][2] = __byte_perm(wa.y, wc.y, 0x5410), x[hi][3] = __byte_perm(wa.y, wc.y, 0x7632);
+          }
+        }
+#pragma unroll
+        for (int xi = 0; xi < NX; ++xi) {
+          uint32_t src[2][5];
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {
+            const uint32_t X = x[hi][xi];
+            src[hi][0] = X, src[hi][1] = X << 6, src[hi][2] = X << 2, src[hi][3] = X >> 2, src[hi][4] = X >> 6;
+          }
+#pragma unroll
+          for (int fp = 0; fp < 8; fp += 2) {
+            // m-tile 4 xi + fp / 2: row gid = field fp, row gid + 8 = field fp + 1.
+            const VField f0 = v_field(fp), f1 = v_field(fp + 1);
+            mma_16816(o[4 * xi + fp / 2], field_at(src[0][f0.src], f0.pos), field_at(src[0][f1.src], f1.pos),
+                      field_at(src[1][f0.src], f0.pos), field_at(src[1][f1.src], f1.pos), pb[0], pb[1]);
+          }
         }
       }
     }
+    __syncwarp();
   }
-  // Reduce l and wz over the 8 token rows (gid).
+  cp_async_wait<0>();
+  // Reduce l, w, wz over the 16 token rows (gid).
 #pragma unroll
   for (int off = 4; off < 32; off *= 2) {
     l0 += __shfl_xor_sync(0xffffffffu, l0, off);
     l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    w0 += __shfl_xor_sync(0xffffffffu, w0, off);
+    w1 += __shfl_xor_sync(0xffffffffu, w1, off);
     wz0 += __shfl_xor_sync(0xffffffffu, wz0, off);
     wz1 += __shfl_xor_sync(0xffffffffu, wz1, off);
   }
+  __syncthreads();  // the rings alias sh
   const int h0 = 2 * tq, h1 = 2 * tq + 1;
 #pragma unroll
-  for (int e = 0; e < VB; ++e) {
-#pragma unroll
-    for (int pp = 0; pp < 2; ++pp) {
-      const float* c = o[2 * e + pp];
-      const int ch0 = (2 * pp) * Q + gid * VB + e, ch1 = (2 * pp + 1) * Q + gid * VB + e;
-      if (h0 < g) sh.o[warp][h0][ch0] = 4.f * c[0] - wz0, sh.o[warp][h0][ch1] = 4.f * c[2] - wz0;
-      if (h1 < g) sh.o[warp][h1][ch0] = 4.f * c[1] - wz1, sh.o[warp][h1][ch1] = 4.f * c[3] - wz1;
+  for (int mt = 0; mt < G::MT; ++mt) {
+    const int xi = mt / 4, fp = 2 * (mt % 4);
+    const VField f0 = v_field(fp), f1 = v_field(fp + 1);
+    const int ch0 = f0.qq * Q + gid * VB + 2 * xi + f0.b, ch1 = f1.qq * Q + gid * VB + 2 * xi + f1.b;
+    const float off0 = (float)field_offset(f0.pos), off1 = (float)field_offset(f1.pos);
+    if (h0 < g) {
+      sh.o[warp][h0][ch0] = o[mt][0] - fmaf(off0, w0, wz0);
+      sh.o[warp][h0][ch1] = o[mt][2] - fmaf(off1, w0, wz0);
+    }
+    if (h1 < g) {
+      sh.o[warp][h1][ch0] = o[mt][1] - fmaf(off0, w1, wz1);
+      sh.o[warp][h1][ch1] = o[mt][3] - fmaf(off1, w1, wz1);
     }
   }
   if (gid == 0) {
@@ -294,7 +413,7 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
     for (int h = 0; h < kGroup; ++h) s[h] = 0.f;
     if (valid) {
       const uint4* kp = reinterpret_cast<const uint4*>(p.bf16_keys + (row0 + lane) * D);
-      constexpr int HALF = D / 8 > 16 ? 16 : D / 8;
+      constexpr int HALF = D / 8 > 8 ? 8 : D / 8;  // 16-byte loads in flight per lane (register budget)
 #pragma unroll
       for (int part = 0; part < D / 8; part += HALF) {
         uint4 kv4[HALF];
@@ -375,19 +494,100 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
   }
 }
 
-// ---------------------------------------------------------------- kernel
-template <int D, bool HAS_INT2>
-__global__ void __launch_bounds__(kDecodeWarps * 32) paged_decode_kernel(const PagedDecodeParams p) {
-  __shared__ __align__(16) CtaShared<D> sh;
-  const int split = blockIdx.x, kv = blockIdx.y, b = blockIdx.z;
-  const int g = p.group;
-  // Empty warps leave m = -inf, l = 0, o = 0.
-  for (int i = threadIdx.x; i < kDecodeWarps * kGroup; i += blockDim.x) {
-    (&sh.m[0][0])[i] = -INFINITY;
-    (&sh.l[0][0])[i] = 0.f;
+// ---------------------------------------------------------------- fused merge
+// The last CTA of (b, kv): split weights exp2(lse2_s - max) / sum, the weighted sum of the partials
+// (read through L2: other CTAs of this launch wrote them), then o'[g, d] . R_V^T. Scratch aliases sh.
+template <int D>
+__device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int kv) {
+  const int g = p.group, S = p.int2_splits + p.bf16_splits;
+  float* weight = reinterpret_cast<float*>(smem);  // [S, g]
+  float* merged = weight + S * g;                  // [g, D]
+  float* inv = merged + g * D;                     // [g]
+  const size_t pair = (size_t)b * p.num_kv_heads + kv;
+  const float* lse = p.partial_lse2 + pair * S * g;    // [S, g]
+  const float* po = p.partial_out + pair * S * g * D;  // [S, g, D]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int h = warp; h < g; h += kDecodeWarps) {
+    float mx = -INFINITY;
+    for (int s = lane; s < S; s += 32) mx = fmaxf(mx, __ldcg(lse + s * g + h));
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    float sum = 0.f;
+    for (int s = lane; s < S; s += 32) {
+      const float w = mx == -INFINITY ? 0.f : exp2f(__ldcg(lse + s * g + h) - mx);
+      weight[s * g + h] = w;
+      sum += w;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) inv[h] = sum > 0.f ? 1.f / sum : 0.f;
   }
-  for (int i = threadIdx.x; i < kDecodeWarps * kGroup * D; i += blockDim.x) (&sh.o[0][0][0])[i] = 0.f;
-  const bool int2 = HAS_INT2 && split < p.int2_splits;
+  __syncthreads();
+  constexpr int PER = 4;  // outputs per thread per pass: PER x 4 partial loads in flight
+  for (int i0 = threadIdx.x; i0 < g * D; i0 += PER * kThreads) {
+    float acc[PER];
+#pragma unroll
+    for (int k = 0; k < PER; ++k) acc[k] = 0.f;
+#pragma unroll 4
+    for (int s = 0; s < S; ++s) {
+#pragma unroll
+      for (int k = 0; k < PER; ++k) {
+        const int i = i0 + k * kThreads;
+        if (i < g * D) acc[k] += weight[s * g + i / D] * __ldcg(po + (size_t)s * g * D + i);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int i = i0 + k * kThreads;
+      if (i < g * D) merged[i] = acc[k] * inv[i / D];
+    }
+  }
+  __syncthreads();
+  float* out = p.out + pair * g * D;  // heads (b * Hkv + kv) * g + h
+  if (!p.value_rotation_t) {
+    for (int i = threadIdx.x; i < g * D; i += kThreads) out[i] = merged[i];
+    return;
+  }
+  const float* rot = p.value_rotation_t + kv * p.rotation_kv_head_stride;  // M = R_V^T [D, D]
+  for (int j = threadIdx.x; j < D; j += kThreads) {
+    float acc[kGroup];
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) acc[h] = 0.f;
+#pragma unroll 32
+    for (int i = 0; i < D; ++i) {
+      const float r = __ldg(rot + (size_t)i * D + j);
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h)
+        if (h < g) acc[h] = fmaf(merged[h * D + i], r, acc[h]);
+    }
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h)
+      if (h < g) out[h * D + j] = acc[h];
+  }
+}
+
+// ---------------------------------------------------------------- kernel
+// Grid (1-D): INT2 CTAs (sequence, KV head, split) first, then BF16 CTAs; block 128 threads;
+// dynamic shared memory smem_bytes<D>().
+template <int D, bool HAS_INT2>
+__global__ void __launch_bounds__(kThreads, D == 256 ? 2 : 4) paged_decode_kernel(const PagedDecodeParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int is_last;
+  CtaShared<D>& sh = *reinterpret_cast<CtaShared<D>*>(smem);
+  const int g = p.group, S = p.int2_splits + p.bf16_splits;
+  const int pairs = p.batch * p.num_kv_heads;
+  const int int2_ctas = HAS_INT2 ? pairs * p.int2_splits : 0;
+  const bool int2 = HAS_INT2 && (int)blockIdx.x < int2_ctas;
+  int pair, split;
+  if (int2) {
+    pair = blockIdx.x / p.int2_splits;
+    split = blockIdx.x % p.int2_splits;
+  } else {
+    const int i = blockIdx.x - int2_ctas;
+    pair = i / p.bf16_splits;
+    split = (HAS_INT2 ? p.int2_splits : 0) + i % p.bf16_splits;
+  }
+  const int b = pair / p.num_kv_heads, kv = pair % p.num_kv_heads;
   int t_begin, t_end;
   if (int2) {
     const int len = p.int2_lengths[b];
@@ -398,25 +598,30 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) paged_decode_kernel(const P
     const int len = p.bf16_lengths[b];
     t_begin = s * p.bf16_chunk;
     t_end = min(len, t_begin + p.bf16_chunk);
+  }
+  if (!int2 || t_begin >= t_end) {
+    // Empty warps leave m = -inf, l = 0, o = 0.
+    for (int i = threadIdx.x; i < kDecodeWarps * kGroup; i += blockDim.x) {
+      (&sh.m[0][0])[i] = -INFINITY;
+      (&sh.l[0][0])[i] = 0.f;
+    }
+    for (int i = threadIdx.x; i < kDecodeWarps * kGroup * D; i += blockDim.x) (&sh.o[0][0][0])[i] = 0.f;
+  }
+  if (!int2) {
     const float qscale = p.softmax_scale * kLog2e;
     const float* q = p.queries + ((size_t)b * p.num_kv_heads * g + (size_t)kv * g) * D;
-    for (int i = threadIdx.x; i < kGroup * D; i += blockDim.x)
-      (&sh.q[0][0])[i] = i < g * D ? q[i] * qscale : 0.f;
+    for (int i = threadIdx.x; i < kGroup * D; i += blockDim.x) (&sh.q[0][0])[i] = i < g * D ? q[i] * qscale : 0.f;
   }
   __syncthreads();
   if (t_begin < t_end) {
-    if constexpr (HAS_INT2) {
-      if (int2)
-        int2_warp<D>(p, sh, b, kv, t_begin, t_end);
-      else
-        bf16_warp<D>(p, sh, b, kv, t_begin, t_end);
-    } else {
+    if (int2)
+      int2_cta<D>(p, sh, smem, b, kv, t_begin, t_end);
+    else
       bf16_warp<D>(p, sh, b, kv, t_begin, t_end);
-    }
   }
   __syncthreads();
   // Combine the warps' states; write this split's partial.
-  const size_t part = ((size_t)b * p.num_kv_heads + kv) * (p.int2_splits + p.bf16_splits) + split;
+  const size_t part = (size_t)pair * S + split;
   float* out = p.partial_out + part * g * D;
   for (int i = threadIdx.x; i < g * D; i += blockDim.x) {
     const int h = i / D, c = i % D;
@@ -435,18 +640,48 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) paged_decode_kernel(const P
     out[i] = den > 0.f ? num / den : 0.f;
     if (c == 0) p.partial_lse2[part * g + h] = den > 0.f ? mx + log2f(den) : -INFINITY;
   }
+  if (!p.merge_counters) return;
+  // Last CTA of this (sequence, KV head) merges.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(p.merge_counters + pair, 1u) == (unsigned)(S - 1);
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  merge_pair<D>(p, smem, b, kv);
+  if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
+}
+
+template <int D, bool HAS_INT2>
+void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
+  static const bool configured = [] {
+    cudaFuncSetAttribute(paged_decode_kernel<D, HAS_INT2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
+    return true;
+  }();
+  (void)configured;
+  const int pairs = p.batch * p.num_kv_heads;
+  const unsigned ctas = (unsigned)(pairs * p.splits_total());
+  paged_decode_kernel<D, HAS_INT2><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
 }
 
 template <bool HAS_INT2>
 void launch_for_dim(const PagedDecodeParams& p, cudaStream_t stream) {
-  dim3 grid(p.splits_total(), p.num_kv_heads, p.batch);
-  dim3 block(kDecodeWarps * 32);
   switch (p.head_dim) {
-    case 64: paged_decode_kernel<64, HAS_INT2><<<grid, block, 0, stream>>>(p); break;
-    case 128: paged_decode_kernel<128, HAS_INT2><<<grid, block, 0, stream>>>(p); break;
-    case 256: paged_decode_kernel<256, HAS_INT2><<<grid, block, 0, stream>>>(p); break;
+    case 64: launch_kernel<64, HAS_INT2>(p, stream); break;
+    case 128: launch_kernel<128, HAS_INT2>(p, stream); break;
+    case 256: launch_kernel<256, HAS_INT2>(p, stream); break;
     default: break;
   }
+}
+
+template <int D>
+int occupancy() {
+  cudaFuncSetAttribute(paged_decode_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, paged_decode_kernel<D, true>, kThreads, smem_bytes<D>()) !=
+      cudaSuccess)
+    return 1;
+  return n > 0 ? n : 1;
 }
 
 void require(bool ok, const std::string& message) {
@@ -455,19 +690,31 @@ void require(bool ok, const std::string& message) {
 
 }  // namespace
 
+bool fused_merge_fits(int splits_total, int group, int head_dim) {
+  const long need = ((long)splits_total * group + (long)group * head_dim + group) * 4;
+  const long have = head_dim == 64 ? smem_bytes<64>() : head_dim == 128 ? smem_bytes<128>() : smem_bytes<256>();
+  return need <= have;
+}
+
+int paged_decode_ctas_per_sm(int head_dim) {
+  static const int n64 = occupancy<64>(), n128 = occupancy<128>(), n256 = occupancy<256>();
+  return head_dim == 64 ? n64 : head_dim == 128 ? n128 : n256;
+}
+
 void check_paged_decode(const PagedDecodeParams& p) {
   require(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256,
           "head_dim " + std::to_string(p.head_dim) + " is not supported (64, 128 or 256)");
   require(p.group >= 1 && p.group <= kDecodeMaxGroup,
           "GQA ratio " + std::to_string(p.group) + " is not supported (1 to 8 query heads per KV head)");
   require(p.batch >= 1 && p.num_kv_heads >= 1, "batch and KV heads must be positive");
-  require(p.batch <= 65535 && p.num_kv_heads <= 65535, "batch or KV heads above the grid limit");
+  require((long)p.batch * p.num_kv_heads * p.splits_total() <= 0x7fffffffL, "grid too large");
   require(p.queries && p.partial_out && p.partial_lse2, "null queries or partial outputs");
   require(p.splits_total() >= 1, "no splits (both tiers absent)");
   require(std::isfinite(p.softmax_scale) && p.softmax_scale > 0, "softmax scale must be positive");
   if (p.int2_splits > 0) {
-    require(p.int2_page_size >= 16 && p.int2_page_size % 16 == 0, "INT2 page size must be a multiple of 16");
-    require(p.int2_chunk > 0 && p.int2_chunk % kInt2SplitQuantum == 0, "INT2 split chunk must be a multiple of 256");
+    require(p.int2_page_size >= 16 && (p.int2_page_size & (p.int2_page_size - 1)) == 0,
+            "INT2 page size must be a power of two >= 16");
+    require(p.int2_chunk > 0 && p.int2_chunk % kInt2SplitQuantum == 0, "INT2 split chunk must be a multiple of 128");
     require(p.key_codes && p.value_codes && p.int2_metadata && p.int2_page_table && p.int2_lengths,
             "null INT2 cache pointer");
   }
@@ -475,6 +722,10 @@ void check_paged_decode(const PagedDecodeParams& p) {
     require(p.bf16_page_size >= 32 && p.bf16_page_size % 32 == 0, "BF16 page size must be a multiple of 32");
     require(p.bf16_chunk > 0 && p.bf16_chunk % kBf16SplitQuantum == 0, "BF16 split chunk must be a multiple of 128");
     require(p.bf16_keys && p.bf16_values && p.bf16_page_table && p.bf16_lengths, "null BF16 cache pointer");
+  }
+  if (p.merge_counters) {
+    require(p.out != nullptr, "fused merge needs an output pointer");
+    require(fused_merge_fits(p.splits_total(), p.group, p.head_dim), "too many splits for the fused merge");
   }
 }
 

@@ -1,7 +1,9 @@
 // Split-K flash-decoding over a paged segmented cache: INT2 history pages (2-bit codes in the quarter
 // layout + fp32 (scale, zero) per token) and BF16 pages (sink + recent tiers, or a whole plain BF16
-// cache for the baseline). One launch writes a partial output and log2-sum-exp per split;
-// decode_merge.h combines them (and un-rotates). CPU twin: lib/backend/paged_cache.h.
+// cache for the baseline). One launch writes a partial output and log2-sum-exp per split; with
+// merge_counters set, the last CTA of each (sequence, KV head) also merges the splits and un-rotates
+// (one launch per decode call), otherwise decode_merge.h does it in a second launch.
+// CPU twin: lib/backend/paged_cache.h.
 #pragma once
 #include <cstdint>
 
@@ -11,7 +13,7 @@ namespace oscar::kernels {
 
 constexpr int kDecodeMaxGroup = 8;      // query heads per KV head handled by one CTA
 constexpr int kDecodeWarps = 4;         // warps per CTA
-constexpr int kInt2SplitQuantum = 256;  // INT2 tokens per split: a multiple of this (4 warps x 64)
+constexpr int kInt2SplitQuantum = 128;  // INT2 tokens per split: a multiple of this (4 warps x 2 tiles x 16)
 constexpr int kBf16SplitQuantum = 128;  // BF16 tokens per split: a multiple of this (4 warps x 32)
 
 struct PagedDecodeParams {
@@ -23,7 +25,7 @@ struct PagedDecodeParams {
   const float* queries = nullptr;  // [B, Hkv*g, d] already rotated (q . R_K); head hq = kv*g + j
 
   // INT2 tier (may be absent: int2_splits = 0).
-  int int2_page_size = 0;                 // P tokens per page, multiple of 16
+  int int2_page_size = 0;                 // P tokens per page, a power of two >= 16
   const uint8_t* key_codes = nullptr;     // [pages, Hkv, P, d/4] quarter layout
   const uint8_t* value_codes = nullptr;   // [pages, Hkv, P, d/4]
   const float* int2_metadata = nullptr;   // [pages, Hkv, P, 4] = (k_scale, k_zero, v_scale, v_zero)
@@ -47,7 +49,21 @@ struct PagedDecodeParams {
   float* partial_out = nullptr;   // [B, Hkv, splits_total, g, d] normalised within the split
   float* partial_lse2 = nullptr;  // [B, Hkv, splits_total, g] log2 sum exp2(logit*log2e); -inf if empty
   int splits_total() const { return int2_splits + bf16_splits; }
+
+  // Fused merge (optional): when merge_counters is set, the last CTA to finish a (sequence, KV head)
+  // merges its splits, applies o . R_V^T and writes out; counters must be zero before the first call
+  // and are left at zero. Needs fused_merge_fits(). value_rotation_t: R_V^T [d, d] or null.
+  unsigned* merge_counters = nullptr;  // [B, Hkv]
+  const float* value_rotation_t = nullptr;
+  long rotation_kv_head_stride = 0;  // 0: one matrix for every KV head; d*d: one per KV head
+  float* out = nullptr;              // [B, Hkv*g, d]
 };
+
+// Grid: one CTA per (split, KV head, sequence), INT2 CTAs first. CTAs of the INT2 path that fit on one
+// multiprocessor at once (occupancy), for split planning.
+int paged_decode_ctas_per_sm(int head_dim);
+// Whether the fused merge's shared-memory scratch (splits_total * g weights + g * d) fits.
+bool fused_merge_fits(int splits_total, int group, int head_dim);
 
 // Throws std::invalid_argument with a clear message on unsupported shapes or bad pointers.
 void check_paged_decode(const PagedDecodeParams& params);

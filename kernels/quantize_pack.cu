@@ -1,4 +1,6 @@
-// Rotate-clip-quantise-pack kernel (see quantize_pack.h). CTA = 8 warps, 32 rows. With a rotation the
+// Rotate-clip-quantise-pack kernels (see quantize_pack.h). Without a rotation and with the clip
+// threshold among the 16 largest magnitudes (clip ratio >= 1 - 16/d): one thread per row (below).
+// Otherwise: CTA = 8 warps, 32 rows. With a rotation the
 // CTA first computes its [32, d] tile of x.R through shared memory (fp32 FMA); then each warp
 // quantises 4 rows: a lane holds channels lane + 32k. The clip threshold is found exactly by removing
 // extremes one at a time; every division and addition uses the _rn intrinsics (the library is built
@@ -180,6 +182,140 @@ __global__ void __launch_bounds__(kThreads) quantize_pack_kernel(const QuantizeP
   }
 }
 
+// ---------------------------------------------------------------- thread-per-row path (no rotation)
+// CTA = 64 threads = 64 rows. The [64, d] tile is copied into shared memory with cp.async (rows padded
+// by 16 bytes: conflict-free 16-byte reads when each thread walks its own row); then each thread
+// quantises its row in three sequential passes over it, in channel order like the CPU quantiser:
+// (1) tau = the K-th largest |x| (K = d - idx <= KMAX) by a sorted insertion network of KMAX registers,
+// (2) first-min / first-max of the clipped row, (3) codes, packed into registers and stored as
+// 16-byte words. Far fewer instructions per row than a warp-wide threshold search.
+constexpr int kRowThreads = 64;
+
+template <int D>
+constexpr int row_tile_bytes() {
+  return kRowThreads * (D + 4) * (int)sizeof(float);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+template <int D, int KMAX>
+__global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const QuantizePackParams p, int k_top) {
+  constexpr int Q = D / 4, XS = D + 4;
+  extern __shared__ __align__(16) float tile[];  // [64][D + 4]
+  const long row0 = (long)blockIdx.x * kRowThreads;
+  const int rows = (int)min((long)kRowThreads, p.rows - row0);
+  for (int i = threadIdx.x; i < rows * (D / 4); i += kRowThreads) {
+    const int r = i / (D / 4), c = i % (D / 4);
+    cp_async16(tile + r * XS + 4 * c, p.input + (row0 + r) * D + 4 * c);
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncthreads();
+  if ((int)threadIdx.x >= rows) return;
+  const float* x = tile + threadIdx.x * XS;
+  float tau = INFINITY;
+  if constexpr (KMAX > 0) {
+    // (1) top-KMAX magnitudes, descending; -1 = empty.
+    float best[KMAX > 0 ? KMAX : 1];
+#pragma unroll
+    for (int i = 0; i < KMAX; ++i) best[i] = -1.f;
+    // Branch-free insertion (the 32 rows of a warp would diverge anyway): 2 KMAX ops per value.
+#pragma unroll 4
+    for (int c = 0; c < D; c += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(x + c);
+      const float a[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float t = a[e];
+#pragma unroll
+        for (int i = 0; i < KMAX; ++i) {
+          const float hi = fmaxf(best[i], t), lo = fminf(best[i], t);
+          best[i] = hi, t = lo;
+        }
+      }
+    }
+    // tau = best[k_top - 1], without a run-time index (which would put best in local memory).
+#pragma unroll
+    for (int i = 0; i < KMAX; ++i) tau = fminf(tau, i < k_top ? best[i] : INFINITY);
+  }
+  auto clip = [&](float v) { return KMAX > 0 ? (v < -tau ? -tau : (tau < v ? tau : v)) : v; };
+  // (2) min / max of the clipped row (std::min / std::max: the first on ties).
+  float mn = clip(x[0]), mx = mn;
+#pragma unroll 4
+  for (int c = 0; c < D; c += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(x + c);
+    const float a[4] = {clip(v.x), clip(v.y), clip(v.z), clip(v.w)};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) mn = first_min(mn, a[e]), mx = first_max(mx, a[e]);
+  }
+  float range = __fsub_rn(mx, mn);
+  range = range < 1e-8f ? 1e-8f : range;
+  const float scale = round_metadata(__fdiv_rn(range, 3.0f), p.metadata);
+  const float zero = round_metadata(__fdiv_rn(-mn, scale), p.metadata);
+  // (3) codes: channel c -> byte c % Q, bits 2 (c / Q).
+  uint32_t packed[Q / 4];
+#pragma unroll
+  for (int w = 0; w < Q / 4; ++w) packed[w] = 0u;
+#pragma unroll
+  for (int c = 0; c < D; c += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(x + c);
+    const float a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float code = floorf(__fadd_rn(__fadd_rn(__fdiv_rn(clip(a[e]), scale), zero), 0.5f));
+      code = code < 0.f ? 0.f : (3.f < code ? 3.f : code);
+      const int ch = c + e, byte = ch % Q;
+      packed[byte / 4] |= (uint32_t)code << (8 * (byte % 4) + 2 * (ch / Q));
+    }
+  }
+  const long row = row0 + threadIdx.x;
+  const long dst = p.destination_rows ? p.destination_rows[row] : row;
+  uint8_t* out = p.codes + dst * Q;
+#pragma unroll
+  for (int w = 0; w < Q / 4; w += 4)
+    *reinterpret_cast<uint4*>(out + 4 * w) = make_uint4(packed[w], packed[w + 1], packed[w + 2], packed[w + 3]);
+  float* meta = p.metadata_out + dst * p.metadata_stride + p.metadata_offset;
+  meta[0] = scale;
+  meta[1] = zero;
+}
+
+// K = number of magnitudes at or above the clip threshold (0: no clipping).
+int clip_top_count(float clip_ratio, int d) {
+  if (clip_ratio >= 1.0f) return 0;
+  int idx = (int)std::floor((double)clip_ratio * d);
+  idx = idx < 0 ? 0 : (idx > d - 1 ? d - 1 : idx);
+  return d - idx;
+}
+
+template <int D, int KMAX>
+void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
+  static const bool configured = [] {
+    cudaFuncSetAttribute(quantize_rows_kernel<D, KMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         row_tile_bytes<D>());
+    return true;
+  }();
+  (void)configured;
+  const unsigned blocks = (unsigned)((p.rows + kRowThreads - 1) / kRowThreads);
+  quantize_rows_kernel<D, KMAX><<<blocks, kRowThreads, row_tile_bytes<D>(), stream>>>(p, k_top);
+}
+
+// The thread-per-row path when the clip threshold is among the top 16 magnitudes (or no clipping);
+// false: use the warp-per-row path.
+template <int D>
+bool launch_rows_fast(const QuantizePackParams& p, cudaStream_t stream) {
+  const int k = clip_top_count(p.clip_ratio, D);
+  if (reinterpret_cast<uintptr_t>(p.input) % 16 != 0 || reinterpret_cast<uintptr_t>(p.codes) % 16 != 0) return false;
+  if (k == 0) launch_rows<D, 0>(p, 0, stream);
+  else if (k <= 4) launch_rows<D, 4>(p, k, stream);
+  else if (k <= 6) launch_rows<D, 6>(p, k, stream);
+  else if (k <= 8) launch_rows<D, 8>(p, k, stream);
+  else if (k <= 16) launch_rows<D, 16>(p, k, stream);
+  else return false;
+  return true;
+}
+
 void require(bool ok, const std::string& message) {
   if (!ok) throw std::invalid_argument("quantize-pack: " + message);
 }
@@ -191,7 +327,7 @@ void launch_dim(const QuantizePackParams& p, cudaStream_t stream) {
     const int smem = (kRowsPerCta * (D + 4) + kChunk * D) * (int)sizeof(float);
     cudaFuncSetAttribute(quantize_pack_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     quantize_pack_kernel<D, true><<<blocks, kThreads, smem, stream>>>(p);
-  } else {
+  } else if (!launch_rows_fast<D>(p, stream)) {
     quantize_pack_kernel<D, false><<<blocks, kThreads, 0, stream>>>(p);
   }
 }

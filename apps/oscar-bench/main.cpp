@@ -14,6 +14,7 @@
 #include "backend/cuda_paged.h"
 #include "bandwidth_probe.h"
 #include "cli/options.h"
+#include "paged_decode.h"
 #include "common/error.h"
 #include "quantize_pack.h"
 #include "report/report.h"
@@ -85,7 +86,7 @@ int bench_main(int argc, char** argv) {
       "  oscar-bench --batch 8,32 --context 32768 --ragged --format json -o bench.json"};
   CommonOptions common;
   int q_heads = 32, kv_heads = 8, head_dim = 128, sink = 64, recent = 256, int2_page = 64, bf16_page = 64;
-  int warmup = 5, iterations = 30, ctas_per_sm = 4;
+  int warmup = 5, iterations = 30, ctas_per_sm = 0;
   long quant_rows = 1 << 20;
   std::string batch_spec = "1,8,32,64", context_spec = "8192,32768,102400,131072", format = "md";
   std::string kernels_spec = "int2,bf16,quant";
@@ -100,7 +101,7 @@ int bench_main(int argc, char** argv) {
   app.add_option("--recent", recent, "BF16 recent-window tokens of the INT2 cache")->capture_default_str();
   app.add_option("--int2-page", int2_page, "INT2 page size (multiple of 16)")->capture_default_str();
   app.add_option("--bf16-page", bf16_page, "BF16 page size (multiple of 32)")->capture_default_str();
-  app.add_option("--ctas-per-sm", ctas_per_sm, "split-K target: CTAs per multiprocessor")->capture_default_str();
+  app.add_option("--ctas-per-sm", ctas_per_sm, "split planning: resident CTAs per multiprocessor (0: the kernel's occupancy)")->capture_default_str();
   app.add_option("--quant-rows", quant_rows, "rows for the quantise-pack benchmark")->capture_default_str();
   app.add_option("--kernels", kernels_spec, "which benchmarks: int2,bf16,quant")->capture_default_str();
   app.add_option("--warmup", warmup, "warm-up calls per case")->capture_default_str();
@@ -218,7 +219,8 @@ int bench_main(int argc, char** argv) {
             const double bytes = 1.0 * tokens * kv_heads * 4 * head_dim;
             const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
             bf16_us = t.median_us;
-            table.add_row({std::string("bf16_decode"), batch, context, rag_label, 2L, bytes / 1e6, t.median_us,
+            const long launches = kernels::fused_merge_fits(plan.splits_total(), geometry.group, head_dim) ? 1L : 2L;
+            table.add_row({std::string("bf16_decode"), batch, context, rag_label, launches, bytes / 1e6, t.median_us,
                            t.noise_pct, tbps, pct(tbps), 1.0, gpu});
             log(fmt::format("bf16_decode  B={} L={} {}: {:.1f} us, {:.2f} TB/s ({} splits)", batch, context,
                             rag_label, t.median_us, tbps, plan.splits_total()));
@@ -238,7 +240,8 @@ int bench_main(int argc, char** argv) {
             long t16 = std::accumulate(tier_len.begin(), tier_len.end(), 0L);
             const double bytes = 1.0 * t2 * kv_heads * (2 * head_dim / 4 + 16) + 1.0 * t16 * kv_heads * 4 * head_dim;
             const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
-            table.add_row({std::string("int2_decode"), batch, context, rag_label, 2L, bytes / 1e6, t.median_us,
+            const long launches = kernels::fused_merge_fits(plan.splits_total(), geometry.group, head_dim) ? 1L : 2L;
+            table.add_row({std::string("int2_decode"), batch, context, rag_label, launches, bytes / 1e6, t.median_us,
                            t.noise_pct, tbps, pct(tbps),
                            bf16_us > 0 ? ReportValue(bf16_us / t.median_us) : ReportValue(std::string("-")), gpu});
             log(fmt::format("int2_decode  B={} L={} {}: {:.1f} us, {:.2f} TB/s ({}+{} splits, chunk {})", batch,

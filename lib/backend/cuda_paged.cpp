@@ -101,15 +101,30 @@ int cuda_multiprocessor_count() {
 CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int ctas_per_sm) {
   const auto& g = cache.geometry;
   CudaDecodePlan plan;
-  const int target = std::max(1, num_sms * ctas_per_sm);
+  const int per_sm = ctas_per_sm > 0 ? ctas_per_sm : kernels::paged_decode_ctas_per_sm(g.head_dim);
+  const long slots = std::max(1L, static_cast<long>(num_sms) * per_sm);
+  const long pairs = static_cast<long>(g.batch) * g.num_kv_heads;
   if (cache.max_int2_length > 0) {
-    plan.int2_chunk = kernels::choose_split_chunk(cache.max_int2_length, g.batch, g.num_kv_heads, target,
-                                                  kernels::kInt2SplitQuantum);
-    plan.int2_splits = (cache.max_int2_length + plan.int2_chunk - 1) / plan.int2_chunk;
+    // INT2 splits: minimise (waves of CTAs) x (tokens per CTA + a fixed start-up cost) + a merge cost
+    // per split, over chunks that are multiples of the split quantum.
+    const long q = kernels::kInt2SplitQuantum, len = cache.max_int2_length;
+    double best = 0;
+    for (long s = 1; s <= (len + q - 1) / q; ++s) {
+      const long chunk = ((len + s - 1) / s + q - 1) / q * q;
+      const long splits = (len + chunk - 1) / chunk;
+      if (splits != s) continue;  // the same chunk as a smaller s
+      const long waves = (pairs * splits + slots - 1) / slots;
+      const double cost = static_cast<double>(waves) * (chunk + 384) + 16.0 * splits;
+      if (plan.int2_splits == 0 || cost < best) {
+        best = cost;
+        plan.int2_splits = static_cast<int>(splits);
+        plan.int2_chunk = static_cast<int>(chunk);
+      }
+    }
   }
   if (cache.max_bf16_length > 0) {
-    plan.bf16_chunk = kernels::choose_split_chunk(cache.max_bf16_length, g.batch, g.num_kv_heads, target,
-                                                  kernels::kBf16SplitQuantum);
+    plan.bf16_chunk = kernels::choose_split_chunk(cache.max_bf16_length, g.batch, g.num_kv_heads,
+                                                  static_cast<int>(slots), kernels::kBf16SplitQuantum);
     plan.bf16_splits = (cache.max_bf16_length + plan.bf16_chunk - 1) / plan.bf16_chunk;
   }
   if (plan.splits_total() == 0) plan.bf16_splits = 1;  // every split empty: the output is zeros
@@ -123,6 +138,12 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   if (partial_lse2_.size() < parts) {
     partial_out_.resize(parts * g.head_dim);
     partial_lse2_.resize(parts);
+  }
+  const size_t pairs = static_cast<size_t>(g.batch) * g.num_kv_heads;
+  const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim);
+  if (fused && counters_.size() < pairs) {
+    counters_.resize(pairs);
+    cuda_check(cudaMemsetAsync(counters_.get(), 0, pairs * sizeof(unsigned), stream), "cudaMemsetAsync");
   }
   kernels::PagedDecodeParams p;
   p.batch = g.batch;
@@ -150,6 +171,18 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   p.bf16_chunk = plan.bf16_chunk;
   p.partial_out = partial_out_.get();
   p.partial_lse2 = partial_lse2_.get();
+  if (fused) {  // one launch: the last CTA of each (sequence, KV head) merges and un-rotates
+    p.merge_counters = counters_.get();
+    p.value_rotation_t = value_rotation_t;
+    p.out = out;
+    try {
+      kernels::launch_paged_decode(p, stream);
+    } catch (const std::invalid_argument& e) {
+      fail("cuda decode: {}", e.what());
+    }
+    cuda_check(cudaGetLastError(), "paged decode launch");
+    return;
+  }
   kernels::DecodeMergeParams m;
   m.batch = g.batch;
   m.num_kv_heads = g.num_kv_heads;

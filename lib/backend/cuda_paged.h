@@ -79,16 +79,20 @@ struct DevicePagedCache {
 size_t paged_cache_device_bytes(const PagedCacheGeometry& geometry, const std::vector<int32_t>& int2_lengths,
                                 const std::vector<int32_t>& bf16_lengths);
 
-// Splits of each tier: about ctas_per_sm * SMs CTAs over the longest sequence (0 splits if a tier is empty).
+// Splits of each tier (0 splits if a tier is empty). INT2: the split count that minimises waves x
+// tokens per CTA for ctas_per_sm resident CTAs per multiprocessor (<= 0: the kernel's occupancy);
+// BF16: about ctas_per_sm * SMs CTAs over the longest sequence.
 struct CudaDecodePlan {
-  int int2_splits = 0, int2_chunk = 256, bf16_splits = 0, bf16_chunk = 128;
+  int int2_splits = 0, int2_chunk = 128, bf16_splits = 0, bf16_chunk = 128;
   int splits_total() const { return int2_splits + bf16_splits; }
 };
-CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int ctas_per_sm = 4);
+CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int ctas_per_sm = 0);
 int cuda_multiprocessor_count();
 
-// Runs decode: partials (one launch) then merge + un-rotation (one launch) on stream. queries and out
-// are device pointers [B, Hq, d]; value_rotation_t is R_V^T [d, d] on the device or null.
+// Runs decode on stream: one launch (split-K partials, the last CTA of each (sequence, KV head) merges
+// and un-rotates) or, when the splits do not fit the fused merge's scratch, two (partials, then
+// decode_merge). queries and out are device pointers [B, Hq, d]; value_rotation_t is R_V^T [d, d] on
+// the device or null. INT2 pages must be a power of two >= 16 tokens.
 class CudaPagedDecoder {
  public:
   void run(const DevicePagedCache& cache, const CudaDecodePlan& plan, const float* queries, float softmax_scale,
@@ -96,6 +100,7 @@ class CudaPagedDecoder {
 
  private:
   DeviceBuffer<float> partial_out_, partial_lse2_;
+  DeviceBuffer<unsigned> counters_;  // [B, Hkv] fused-merge arrival counters, left at zero by each call
 };
 
 }  // namespace oscar

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "backend/cuda_paged.h"
@@ -27,6 +28,7 @@ struct DecodeCase {
   int ctas_per_sm = 4;  // large values force many small splits
   bool rotate = true;
   std::string label;
+  int force_int2_chunk = 0;  // > 0: bypass the planner (e.g. more splits than the fused merge holds)
 };
 
 HostPagedCache random_cache(const DecodeCase& c, uint64_t seed) {
@@ -85,9 +87,22 @@ void run_case(const DecodeCase& c) {
   if (c.rotate) drot.upload(rotation_t);
   CudaPagedDecoder decoder;
   CudaDecodePlan plan = plan_cuda_decode(dev, cuda_multiprocessor_count(), c.ctas_per_sm);
+  if (c.force_int2_chunk > 0 && dev.max_int2_length > 0) {
+    plan.int2_chunk = c.force_int2_chunk;
+    plan.int2_splits = (dev.max_int2_length + plan.int2_chunk - 1) / plan.int2_chunk;
+  }
+  const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, d);
+  ::testing::Test::RecordProperty("fused_merge", fused ? "yes" : "no");
   decoder.run(dev, plan, dq.get(), static_cast<float>(scale), c.rotate ? drot.get() : nullptr, dout.get());
   cuda_check(cudaDeviceSynchronize(), "decode");
   auto out = dout.download();
+  // A second call with the same decoder (fused-merge counters must be back at zero) gives the same bits.
+  dout.upload(std::vector<float>(qn, std::numeric_limits<float>::quiet_NaN()));
+  decoder.run(dev, plan, dq.get(), static_cast<float>(scale), c.rotate ? drot.get() : nullptr, dout.get());
+  cuda_check(cudaDeviceSynchronize(), "decode (second call)");
+  auto again = dout.download();
+  for (size_t i = 0; i < out.size(); ++i)
+    ASSERT_TRUE(std::memcmp(&out[i], &again[i], sizeof(float)) == 0) << "second call differs at " << i;
   for (size_t i = 0; i < out.size(); ++i) ASSERT_TRUE(std::isfinite(out[i])) << "output " << i << " not written";
   const double err = test::relative_error(out, ref);
   const double own = test::relative_error(ref_bf16q, ref);
@@ -111,10 +126,25 @@ TEST(PagedDecode, EmptyTiers) {
 }
 
 TEST(PagedDecode, SplitBoundariesAndRaggedBatch) {
-  // 40 CTAs per SM forces the smallest split (256 tokens): lengths straddle split edges.
+  // 40 CTAs per SM forces small splits (256 tokens here): lengths straddle split edges.
   run_case({128, 4, 8, {255, 256, 257, 511, 512, 513, 4097}, {1, 64, 320, 0, 33, 129, 7}, 16, 32, 40, true,
             "ragged, page 16/32, many splits"});
   run_case({128, 4, 8, {20000, 1, 700}, {320, 320, 320}, 256, 64, 4, true, "ragged, page 256"});
+}
+
+TEST(PagedDecode, SmallestSplitsAndRepeatedCalls) {
+  // 128-token splits (the quantum), page 16: every tile boundary is a page boundary.
+  DecodeCase c{128, 8, 2, {129, 1000, 3}, {0, 40, 64}, 16, 32, 4, true, "128-token splits, g=8"};
+  c.force_int2_chunk = 128;
+  run_case(c);
+}
+
+TEST(PagedDecode, UnfusedMergeForManySplits) {
+  // d = 64, g = 8: more 128-token splits than the fused merge's scratch holds -> two launches.
+  DecodeCase c{64, 8, 1, {100000}, {50}, 64, 64, 4, false, "unfused merge, 782 splits"};
+  c.force_int2_chunk = 128;
+  ASSERT_FALSE(kernels::fused_merge_fits(782 + 1, 8, 64));
+  run_case(c);
 }
 
 TEST(PagedDecode, GqaRatiosAndHeadDims) {
@@ -131,6 +161,16 @@ TEST(PagedDecode, RefusesUnsupportedShapes) {
   EXPECT_THROW(kernels::check_paged_decode(p), std::invalid_argument);
   p.head_dim = 128, p.group = 9;
   EXPECT_THROW(kernels::check_paged_decode(p), std::invalid_argument);
+  // INT2 pages must be a power of two.
+  std::vector<float> dummy(16);
+  std::vector<int32_t> idummy(4);
+  p.group = 4, p.queries = dummy.data(), p.partial_out = dummy.data(), p.partial_lse2 = dummy.data();
+  p.softmax_scale = 1.f, p.int2_splits = 1, p.int2_chunk = 128, p.int2_page_size = 48;
+  p.key_codes = p.value_codes = reinterpret_cast<const uint8_t*>(dummy.data());
+  p.int2_metadata = dummy.data(), p.int2_page_table = p.int2_lengths = idummy.data();
+  EXPECT_THROW(kernels::check_paged_decode(p), std::invalid_argument);
+  p.int2_page_size = 64;
+  EXPECT_NO_THROW(kernels::check_paged_decode(p));
 }
 
 TEST(CudaDecodeBackend, MatchesCpuBackend) {
