@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "common/error.h"
+#include "methods/baselines/baseline_methods.h"
 #include "methods/kv_method.h"
 #include "methods/rotated_quantizer_method.h"
 
@@ -17,6 +18,7 @@ std::vector<MethodInfo>& registry_storage() {
 
 void register_builtin_methods() {
   register_rotated_quantizer_methods();
+  baselines::register_baseline_methods();  // kivi, hadamard:kivi, oscars, turboquant, int4-hadamard
   // New families (kivi, oscars, turboquant, int4-hadamard, ...) add their register call here.
 }
 
