@@ -17,7 +17,10 @@ namespace {
 
 const std::string kBin = OSCAR_BIN_DIR;
 
-std::string temp(const std::string& name) { return testing::TempDir() + "/bad_" + name; }
+// Per-test names: ctest runs tests of this binary in parallel processes.
+std::string temp(const std::string& name) {
+  return testing::TempDir() + "/bad_" + testing::UnitTest::GetInstance()->current_test_info()->name() + "_" + name;
+}
 bool exists(const std::string& path) {
   std::ifstream f(path);
   return f.good();
