@@ -15,17 +15,20 @@ options:
   --eval DUMP      evaluation dump, disjoint from --calib (default: data/smollm2-eval.h5, else synthetic)
   --pack PACK      use this pack instead of calibrating one from --calib
   --context N      context (default: 8192)
-  --queries N      decode positions per sequence (default 4)
+  --queries N      decode positions per sequence (default 16)
+  --query-stride N tokens between decode positions (default 16; evaluation dumps keep queries for the
+                   last 256 tokens: --queries 256 --query-stride 1 uses every one)
   --layers SPEC    layers to evaluate (default: all)
   -h, --help       this text
 
-output: <out>/equal_bits.csv (all rows of the runs below, one header); the commands are echoed to stderr.
+output: <out>/equal_bits.csv (all rows of the runs below, one header) and <out>/per_layer.csv (the
+methods at <= 2.5 BPE, one row per layer); the commands are echoed to stderr.
 USAGE
 }
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-BUILD=build-base OUT="" CALIB="" EVAL="" PACK="" CONTEXT=8192 QUERIES=4 LAYERS=""
+BUILD=build-base OUT="" CALIB="" EVAL="" PACK="" CONTEXT=8192 QUERIES=16 STRIDE=16 LAYERS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) BUILD=$2; shift ;;
@@ -35,6 +38,7 @@ while [ $# -gt 0 ]; do
     --pack) PACK=$2; shift ;;
     --context) CONTEXT=$2; shift ;;
     --queries) QUERIES=$2; shift ;;
+    --query-stride) STRIDE=$2; shift ;;
     --layers) LAYERS=$2; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "error: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -75,7 +79,7 @@ if [ -z "$PACK" ]; then
   run "$BIN/oscar-calibrate" -q -o "$PACK" "$OUT/stats.h5"
 fi
 
-ARGS=(--dump "$EVAL" --pack "$PACK" --context "$CONTEXT" --queries "$QUERIES" --format csv -q)
+ARGS=(--dump "$EVAL" --pack "$PACK" --context "$CONTEXT" --queries "$QUERIES" --query-stride "$STRIDE" --format csv -q)
 [ -n "$LAYERS" ] && ARGS+=(--layers "$LAYERS")
 
 # 2-bit codes: OSCAR, the per-token baselines, KIVI at G = 32 and 128, QuaRot at KIVI granularity,
@@ -86,6 +90,11 @@ run "$BIN/oscar-eval" "${ARGS[@]}" -o "$OUT/b3.csv" --bits 3 --methods turboquan
 run "$BIN/oscar-eval" "${ARGS[@]}" -o "$OUT/k3v3.csv" --methods turboquant:k3v3,int4-hadamard
 # OSCAR's BF16 windows cost bits at short contexts: the same method with smaller windows for equal BPE.
 run "$BIN/oscar-eval" "${ARGS[@]}" -o "$OUT/oscar_windows.csv" --methods oscar --windows 0/0,16/32,32/128
+
+# Per layer, for the methods at <= 2.5 BPE at d = 64 (is the winner the winner on every layer?).
+# (Each at its own defaults: --windows would also set KIVI's residual R; oscar 0/0 is oscar-ablation:no-windows.)
+run "$BIN/oscar-eval" "${ARGS[@]}" -o "$OUT/per_layer.csv" --per-layer --methods \
+  naive,hadamard,kivi:128,hadamard:kivi:128,turboquant,turboquant:qjl,oscar-ablation:no-windows
 
 { head -n 1 "$OUT/b2.csv"; for f in b2 b3 k3v3 oscar_windows; do tail -n +2 "$OUT/$f.csv"; done; } > "$OUT/equal_bits.csv"
 echo "wrote $OUT/equal_bits.csv (dump $EVAL, pack $PACK, context $CONTEXT)" >&2
