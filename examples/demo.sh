@@ -13,11 +13,11 @@ bin="$build/bin"
 out="$build/demo"
 mkdir -p "$out"
 
-if [[ -f data/calib.h5 && -f data/eval.h5 ]]; then
-  calib=data/calib.h5
-  eval=data/eval.h5
-  contexts=2048,4096,8192
-  echo "== real activations shipped in data/ (see data/README.md)"
+if [[ -f data/smollm2-calib.h5 && -f data/smollm2-eval.h5 ]]; then
+  calib=data/smollm2-calib.h5
+  eval=data/smollm2-eval.h5
+  contexts=8192  # the shipped evaluation dump keeps queries for the 256 positions after 8192 tokens
+  echo "== real SmolLM2-135M activations shipped in data/ (see data/README.md)"
 else
   echo "== data/ has no dumps: using synthetic activations (oscar-capture synth)"
   calib="$out/synth_calib.h5"
@@ -36,6 +36,6 @@ echo "== oscar-calibrate -o $out/pack.h5 $out/stats.h5"
 "$bin/oscar-calibrate" -o "$out/pack.h5" "$out/stats.h5"
 echo
 echo "== oscar-eval --dump $eval --pack $out/pack.h5 --methods bf16,naive,hadamard,oscar --context $contexts"
-"$bin/oscar-eval" --dump "$eval" --pack "$out/pack.h5" --methods bf16,naive,hadamard,oscar --context "$contexts" \
+"$bin/oscar-eval" --dump "$eval" --pack "$out/pack.h5" --methods bf16,naive,hadamard,oscar --context "$contexts" --queries 16 \
   -o "$out/comparison.md"
 cat "$out/comparison.md"
