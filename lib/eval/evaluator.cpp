@@ -258,8 +258,12 @@ EvalResult run_evaluation(const ActivationSource& source, const EvalConfig& conf
         HeadRows head_rows{layer, h, d, needed, ref_k[h].data(), ref_v[h].data()};
         for (const auto& keys : ref_k) head_rows.layer_keys.push_back(keys.data());  // whole-layer methods (oscars)
         const EncodedSequence encoded = method.encode(head_rows);
+        // Tokens of the sink prefix are never demoted, so only rows after it must be finite.
+        const TierSplit longest_split = split_context(needed, method.layout());
+        const size_t first_key = static_cast<size_t>(encoded.key_split(longest_split).sink) * d;
+        const size_t first_value = static_cast<size_t>(encoded.value_split(longest_split).sink) * d;
         for (const auto* rows : {&encoded.dequantized_keys, &encoded.dequantized_values})
-          for (size_t i = 0; i < rows->size(); ++i)
+          for (size_t i = rows == &encoded.dequantized_keys ? first_key : first_value; i < rows->size(); ++i)
             OSCAR_CHECK(std::isfinite((*rows)[i]),
                         "method {}: layer {} KV head {} token {}: the quantised {} row is not finite (its scale "
                         "underflows the {} metadata type, e.g. a constant row after clipping)",

@@ -124,6 +124,13 @@ TEST_F(OscarEvalTool, BadInputsFailWithOneLineAndNoOutputFile) {
   }
 }
 
+// The synthetic sink token (a massive activation on a few channels, zeros elsewhere) is constant after
+// clipping; it stays in the BF16 sink, so "no rotation + clip + windows" must evaluate.
+TEST_F(OscarEvalTool, AblationWithoutRotationKeepsTheSinkInBf16) {
+  const ToolRun r = run(eval("--pack " + path("pack.h5") + " --methods oscar-ablation:none --context 300 --format csv"));
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
 TEST_F(OscarEvalTool, SweepsAndPerLayerRows) {
   const ToolRun r = run(eval("--pack " + path("pack.h5") +
                          " --methods oscar,oscar-ablation:h --context 300,600 --windows 0/0,32/128 --per-layer "
