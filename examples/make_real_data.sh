@@ -12,7 +12,8 @@ Regenerates data/smollm2-eval.h5 and data/smollm2-calib.h5 (see data/README.md) 
 
 options:
   --all-layers       capture every layer, 2 evaluation sequences and the whole calibration text,
-                     and write the larger dumps smollm2-eval-all.h5 / smollm2-calib-all.h5 (~0.8 GB)
+                     and write the larger dumps smollm2-eval-all.h5 (every query, so any context
+                     can be evaluated; ~0.8 GB) and smollm2-calib-all.h5 (~0.4 GB)
                      into --out (default then: .scratch/real-data/out) instead of data/
   --out DIR          where the dumps go (default data/, or .scratch/real-data/out with --all-layers)
   --work DIR         scratch folder for texts and raw files (default .scratch/real-data)
@@ -115,7 +116,7 @@ CAP=$BUILD/bin/oscar-capture
 mkdir -p "$OUT"
 if [ $ALL = 1 ]; then
   EVAL_OUT=$OUT/smollm2-eval-all.h5 CALIB_OUT=$OUT/smollm2-calib-all.h5
-  "$CAP" -q import -o "$EVAL_OUT" --queries-last $EVAL_QUERIES_LAST $(cat "$RAW.eval.list")
+  "$CAP" -q import -o "$EVAL_OUT" $(cat "$RAW.eval.list")   # every query: any --context of oscar-eval
   "$CAP" -q import -o "$CALIB_OUT" $(cat "$RAW.calib.list")
 else
   EVAL_OUT=$OUT/smollm2-eval.h5 CALIB_OUT=$OUT/smollm2-calib.h5
