@@ -29,6 +29,10 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kGroup = kDecodeMaxGroup;
 constexpr int kThreads = kDecodeWarps * 32;
+#ifndef OSCAR_DECODE_MIN_CTAS
+#define OSCAR_DECODE_MIN_CTAS 4  // d <= 128: CTAs per SM the register budget must allow (128 registers)
+#endif
+constexpr int kMinCtasPerSm = OSCAR_DECODE_MIN_CTAS;
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);
@@ -66,9 +70,16 @@ __device__ __forceinline__ void cp_async_wait() {
 // Code fields of a 16-bit half: byte b (0 low, 1 high) and quarter qq (bits 2qq..2qq+1 of that byte);
 // channel = qq * d/4 + byte index in the row. A field moved to mantissa bits 4-5 / 6-7 / 8-9 of a half
 // with exponent 64 / 16 / 4 reads as off + c, off = 64 / 16 / 4.
-__device__ __forceinline__ uint32_t field_at(uint32_t src, int pos) {
+// The exponent words live in registers (Exponents, built from a value the compiler cannot fold) so
+// that (src & mask) | expo is one LOP3 with an immediate mask; with two immediates it takes two.
+struct Exponents {
+  uint32_t e64, e16, e4;
+  __device__ explicit Exponents(uint32_t opaque_zero)
+      : e64(0x54005400u | opaque_zero), e16(0x4C004C00u | opaque_zero), e4(0x44004400u | opaque_zero) {}
+};
+__device__ __forceinline__ uint32_t field_at(uint32_t src, int pos, const Exponents& x) {
   const uint32_t mask = pos == 4 ? 0x00300030u : pos == 6 ? 0x00C000C0u : 0x03000300u;
-  const uint32_t expo = pos == 4 ? 0x54005400u : pos == 6 ? 0x4C004C00u : 0x44004400u;
+  const uint32_t expo = pos == 4 ? x.e64 : pos == 6 ? x.e16 : x.e4;
   return (src & mask) | expo;
 }
 __host__ __device__ constexpr int field_offset(int pos) { return pos == 4 ? 64 : pos == 6 ? 16 : 4; }
@@ -138,6 +149,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   const int gid = lane / 4, tq = lane % 4;
   const int g = p.group;
   const float logit_factor = p.softmax_scale * kLog2e;
+  const Exponents ex(static_cast<uint32_t>(p.group) >> 16);  // group <= 8: zero, unknown at compile time
 
   // B fragments of q for head gid: chunk c = i / 2, slot i % 2 (b0 / b1), i = 8u + e for word
   // tq * KW + u and field e; lo half = byte 4w + b, hi half = byte 4w + 2 + b.
@@ -256,8 +268,8 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 #pragma unroll
           for (int e = 0; e < 8; e += 2) {
             const KField f0 = k_field(e), f1 = k_field(e + 1);
-            mma_16816(s[t], field_at(src[0][f0.src], f0.pos), field_at(src[1][f0.src], f0.pos),
-                      field_at(src[0][f1.src], f1.pos), field_at(src[1][f1.src], f1.pos), qf[(8 * u + e) / 2][0],
+            mma_16816(s[t], field_at(src[0][f0.src], f0.pos, ex), field_at(src[1][f0.src], f0.pos, ex),
+                      field_at(src[0][f1.src], f1.pos, ex), field_at(src[1][f1.src], f1.pos, ex), qf[(8 * u + e) / 2][0],
                       qf[(8 * u + e) / 2][1]);
           }
         }
@@ -342,8 +354,8 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
           for (int fp = 0; fp < 8; fp += 2) {
             // m-tile 4 xi + fp / 2: row gid = field fp, row gid + 8 = field fp + 1.
             const VField f0 = v_field(fp), f1 = v_field(fp + 1);
-            mma_16816(o[4 * xi + fp / 2], field_at(src[0][f0.src], f0.pos), field_at(src[0][f1.src], f1.pos),
-                      field_at(src[1][f0.src], f0.pos), field_at(src[1][f1.src], f1.pos), pb[0], pb[1]);
+            mma_16816(o[4 * xi + fp / 2], field_at(src[0][f0.src], f0.pos, ex), field_at(src[0][f1.src], f1.pos, ex),
+                      field_at(src[1][f0.src], f0.pos, ex), field_at(src[1][f1.src], f1.pos, ex), pb[0], pb[1]);
           }
         }
       }
@@ -570,7 +582,7 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
 // Grid (1-D): INT2 CTAs (sequence, KV head, split) first, then BF16 CTAs; block 128 threads;
 // dynamic shared memory smem_bytes<D>().
 template <int D, bool HAS_INT2>
-__global__ void __launch_bounds__(kThreads, D == 256 ? 2 : 4) paged_decode_kernel(const PagedDecodeParams p) {
+__global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_decode_kernel(const PagedDecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int is_last;
   CtaShared<D>& sh = *reinterpret_cast<CtaShared<D>*>(smem);

@@ -185,10 +185,10 @@ __global__ void __launch_bounds__(kThreads) quantize_pack_kernel(const QuantizeP
 // ---------------------------------------------------------------- thread-per-row path (no rotation)
 // CTA = 64 threads = 64 rows. The [64, d] tile is copied into shared memory with cp.async (rows padded
 // by 16 bytes: conflict-free 16-byte reads when each thread walks its own row); then each thread
-// quantises its row in three sequential passes over it, in channel order like the CPU quantiser:
-// (1) tau = the K-th largest |x| (K = d - idx <= KMAX) by a sorted insertion network of KMAX registers,
-// (2) first-min / first-max of the clipped row, (3) codes, packed into registers and stored as
-// 16-byte words. Far fewer instructions per row than a warp-wide threshold search.
+// quantises its row in two passes over it: (1) min, max and tau = the K-th largest |x| (K = d - idx
+// <= KMAX) by a sorted insertion network of KMAX registers, (2) codes, packed into registers and
+// stored as 16-byte words. Bit-identical to the CPU quantiser; far fewer instructions per row than a
+// warp-wide threshold search.
 constexpr int kRowThreads = 64;
 
 template <int D>
@@ -215,59 +215,62 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const Quanti
   __syncthreads();
   if ((int)threadIdx.x >= rows) return;
   const float* x = tile + threadIdx.x * XS;
-  float tau = INFINITY;
-  if constexpr (KMAX > 0) {
-    // (1) top-KMAX magnitudes, descending; -1 = empty.
-    float best[KMAX > 0 ? KMAX : 1];
+  // (1) min / max of the row and, when clipping, the top-KMAX magnitudes (descending; -1 = empty) by
+  // a branch-free insertion (the 32 rows of a warp would diverge anyway): 2 KMAX + 2 ops per value.
+  float tau = INFINITY, lo = x[0], hi = x[0];
+  float best[KMAX > 0 ? KMAX : 1];
 #pragma unroll
-    for (int i = 0; i < KMAX; ++i) best[i] = -1.f;
-    // Branch-free insertion (the 32 rows of a warp would diverge anyway): 2 KMAX ops per value.
-#pragma unroll 4
-    for (int c = 0; c < D; c += 4) {
-      const float4 v = *reinterpret_cast<const float4*>(x + c);
-      const float a[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float t = a[e];
-#pragma unroll
-        for (int i = 0; i < KMAX; ++i) {
-          const float hi = fmaxf(best[i], t), lo = fminf(best[i], t);
-          best[i] = hi, t = lo;
-        }
-      }
-    }
-    // tau = best[k_top - 1], without a run-time index (which would put best in local memory).
-#pragma unroll
-    for (int i = 0; i < KMAX; ++i) tau = fminf(tau, i < k_top ? best[i] : INFINITY);
-  }
-  auto clip = [&](float v) { return KMAX > 0 ? (v < -tau ? -tau : (tau < v ? tau : v)) : v; };
-  // (2) min / max of the clipped row (std::min / std::max: the first on ties).
-  float mn = clip(x[0]), mx = mn;
+  for (int i = 0; i < KMAX; ++i) best[i] = -1.f;
 #pragma unroll 4
   for (int c = 0; c < D; c += 4) {
-    const float4 v = *reinterpret_cast<const float4*>(x + c);
-    const float a[4] = {clip(v.x), clip(v.y), clip(v.z), clip(v.w)};
+    const float4 v4 = *reinterpret_cast<const float4*>(x + c);
+    const float v[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
-    for (int e = 0; e < 4; ++e) mn = first_min(mn, a[e]), mx = first_max(mx, a[e]);
+    for (int e = 0; e < 4; ++e) {
+      lo = fminf(lo, v[e]), hi = fmaxf(hi, v[e]);
+      float t = fabsf(v[e]);
+#pragma unroll
+      for (int i = 0; i < KMAX; ++i) {
+        const float b_hi = fmaxf(best[i], t), b_lo = fminf(best[i], t);
+        best[i] = b_hi, t = b_lo;
+      }
+    }
+  }
+  // tau = best[k_top - 1], without a run-time index (which would put best in local memory).
+#pragma unroll
+  for (int i = 0; i < KMAX; ++i) tau = fminf(tau, i < k_top ? best[i] : INFINITY);
+  // std::clamp(v, -tau, tau) (v itself when inside; min/max order -0 below +0).
+  auto clip = [&](float v) { return KMAX > 0 ? fminf(fmaxf(v, -tau), tau) : v; };
+  // (2) min / max of the clipped row = the clipped min / max; std::min / std::max keep the first of
+  // equal values, which only matters for the sign of a zero: then redo it in order.
+  float mn = clip(lo), mx = clip(hi);
+  if (mn == 0.f || mx == 0.f) {
+    mn = mx = clip(x[0]);
+    for (int c = 1; c < D; ++c) mn = first_min(mn, clip(x[c])), mx = first_max(mx, clip(x[c]));
   }
   float range = __fsub_rn(mx, mn);
   range = range < 1e-8f ? 1e-8f : range;
   const float scale = round_metadata(__fdiv_rn(range, 3.0f), p.metadata);
   const float zero = round_metadata(__fdiv_rn(-mn, scale), p.metadata);
-  // (3) codes: channel c -> byte c % Q, bits 2 (c / Q).
+  // (3) codes: v / scale correctly rounded without a division per value (Markstein: with r = RN(1/s)
+  // and q0 = RN(v r), q0 + (v - q0 s) r rounds to RN(v / s)); channel c -> byte c % Q, bits 2 (c / Q).
+  const float r = __frcp_rn(scale);
   uint32_t packed[Q / 4];
 #pragma unroll
   for (int w = 0; w < Q / 4; ++w) packed[w] = 0u;
 #pragma unroll
   for (int c = 0; c < D; c += 4) {
-    const float4 v = *reinterpret_cast<const float4*>(x + c);
-    const float a[4] = {v.x, v.y, v.z, v.w};
+    const float4 v4 = *reinterpret_cast<const float4*>(x + c);
+    const float v[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float code = floorf(__fadd_rn(__fadd_rn(__fdiv_rn(clip(a[e]), scale), zero), 0.5f));
-      code = code < 0.f ? 0.f : (3.f < code ? 3.f : code);
+      const float a = clip(v[e]);
+      const float q0 = __fmul_rn(a, r);
+      const float q = __fmaf_rn(__fmaf_rn(-q0, scale, a), r, q0);
+      int code = __float2int_rd(__fadd_rn(__fadd_rn(q, zero), 0.5f));
+      code = min(max(code, 0), 3);
       const int ch = c + e, byte = ch % Q;
-      packed[byte / 4] |= (uint32_t)code << (8 * (byte % 4) + 2 * (ch / Q));
+      packed[byte / 4] += (uint32_t)code << (8 * (byte % 4) + 2 * (ch / Q));
     }
   }
   const long row = row0 + threadIdx.x;
