@@ -14,19 +14,21 @@ options:
   --calib DUMP     calibration dump (default: data/smollm2-calib.h5, else synthetic)
   --eval DUMP      evaluation dump, disjoint from --calib (default: data/smollm2-eval.h5, else synthetic)
   --pack PACK      use this pack instead of calibrating one from --calib
-  --context N      context of the ablations (default: 8192 for the shipped data, 4096 for synthetic)
-  --contexts LIST  contexts of the context sweep (default: 1024:8192:1024 resp. 512:4096:512)
-  --queries N      decode positions per sequence and context (default 4)
+  --context N      context of the ablations (default: 8192)
+  --contexts LIST  contexts of the context sweep (default: 1024:8192:1024)
+  --queries N      decode positions per sequence and context (default 16 for the shipped data, else 4)
+  --synthetic      use synthetic dumps even when the shipped ones exist
   -h, --help       this text
 
 outputs (one oscar-eval CSV each): components.csv, windows.csv, group_size.csv, k_clip.csv, v_clip.csv,
-context.csv, per_layer.csv; the exact commands are echoed to stderr.
+context.csv (skipped for evaluation dumps that keep queries only at the end, like the shipped one),
+per_layer.csv; the exact commands are echoed to stderr.
 USAGE
 }
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-BUILD=build OUT="" CALIB="" EVAL="" PACK="" CONTEXT="" CONTEXTS="" QUERIES=4
+BUILD=build OUT="" CALIB="" EVAL="" PACK="" CONTEXT="" CONTEXTS="" QUERIES="" SYNTHETIC=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) BUILD=$2; shift ;;
@@ -37,6 +39,7 @@ while [ $# -gt 0 ]; do
     --context) CONTEXT=$2; shift ;;
     --contexts) CONTEXTS=$2; shift ;;
     --queries) QUERIES=$2; shift ;;
+    --synthetic) SYNTHETIC=1 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "error: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -56,25 +59,26 @@ run() {  # echo the command, then run it
   "$@"
 }
 
-if [ -z "$EVAL" ] && [ -f data/smollm2-eval.h5 ] && [ -f data/smollm2-calib.h5 ]; then
+if [ -z "$EVAL" ] && [ $SYNTHETIC = 0 ] && [ -f data/smollm2-eval.h5 ] && [ -f data/smollm2-calib.h5 ]; then
+  # The shipped dumps (data/README.md): one 8192 + 256-token evaluation sequence with queries only at
+  # the 256 decode positions, so --context 8192 with up to 16 queries at stride 16.
   EVAL=data/smollm2-eval.h5
   CALIB=${CALIB:-data/smollm2-calib.h5}
   CONTEXT=${CONTEXT:-8192}
-  CONTEXTS=${CONTEXTS:-1024:8192:1024}
+  QUERIES=${QUERIES:-16}
 elif [ -z "$EVAL" ]; then
   # Synthetic model: 6 layers, 12 query heads, 3 KV heads, d = 128; calibration and evaluation from
-  # different seeds (disjoint activations); evaluation sequences 4096 + 256 decode positions.
+  # different seeds (disjoint activations); evaluation sequences of 8192 + 256 decode positions.
   CALIB=$OUT/synth_calib.h5
   EVAL=$OUT/synth_eval.h5
   [ -f "$CALIB" ] || run "$BIN/oscar-capture" synth -q --layers 6 --q-heads 12 --kv-heads 3 --head-dim 128 \
-    --tokens 8192 --sequences 1 --seed 1 -o "$CALIB"
+    --tokens 8192 --sequences 2 --seed 1 -o "$CALIB"
   [ -f "$EVAL" ] || run "$BIN/oscar-capture" synth -q --layers 6 --q-heads 12 --kv-heads 3 --head-dim 128 \
-    --tokens 4352 --sequences 2 --seed 2 -o "$EVAL"
-  CONTEXT=${CONTEXT:-4096}
-  CONTEXTS=${CONTEXTS:-512:4096:512}
+    --tokens 8448 --sequences 2 --seed 2 -o "$EVAL"
 fi
 CONTEXT=${CONTEXT:-8192}
 CONTEXTS=${CONTEXTS:-1024:8192:1024}
+QUERIES=${QUERIES:-4}
 
 if [ -z "$PACK" ]; then
   [ -n "$CALIB" ] || { echo "error: --eval given without --calib or --pack" >&2; exit 2; }
@@ -83,7 +87,9 @@ if [ -z "$PACK" ]; then
   run "$BIN/oscar-calibrate" -q -o "$PACK" "$OUT/stats.h5"
 fi
 
-HEAD_DIM=$("$BIN/oscar-capture" info --json --no-summary "$EVAL" | python3 -c 'import json,sys; print(json.load(sys.stdin)["head_dim"])')
+INFO=$("$BIN/oscar-capture" info --json --no-summary "$EVAL")
+HEAD_DIM=$(echo "$INFO" | python3 -c 'import json,sys; print(json.load(sys.stdin)["head_dim"])')
+QUERIES_KEPT_LAST=$(echo "$INFO" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("queries_kept_last", 0))')
 EVAL_ARGS=(--dump "$EVAL" --pack "$PACK" --queries "$QUERIES" --format csv -q)
 
 # 1. Components: baselines, OSCAR, every composition from the pack's eigenbasis, clipping, windows.
@@ -103,7 +109,11 @@ run "$BIN/oscar-eval" "${EVAL_ARGS[@]}" --context "$CONTEXT" -o "$OUT/k_clip.csv
 run "$BIN/oscar-eval" "${EVAL_ARGS[@]}" --context "$CONTEXT" -o "$OUT/v_clip.csv" --methods oscar \
   --v-clip 0.84,0.88,0.90,0.92,0.94,0.96,1.0
 # 5. Error against context length, and per layer at the ablation context.
-run "$BIN/oscar-eval" "${EVAL_ARGS[@]}" --context "$CONTEXTS" -o "$OUT/context.csv" --methods bf16,naive,hadamard,oscar
+if [ "$QUERIES_KEPT_LAST" = 0 ]; then
+  run "$BIN/oscar-eval" "${EVAL_ARGS[@]}" --context "$CONTEXTS" -o "$OUT/context.csv" --methods bf16,naive,hadamard,oscar
+else
+  echo "skipping the context sweep: $EVAL keeps queries only for the last $QUERIES_KEPT_LAST tokens" >&2
+fi
 run "$BIN/oscar-eval" "${EVAL_ARGS[@]}" --context "$CONTEXT" -o "$OUT/per_layer.csv" --methods naive,hadamard,oscar \
   --per-layer
-echo "wrote $OUT/{components,windows,group_size,k_clip,v_clip,context,per_layer}.csv" >&2
+echo "wrote the CSV files in $OUT" >&2
