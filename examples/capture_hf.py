@@ -324,18 +324,18 @@ def verify_sequence(args, np, torch, model, ids, recorder, stored, layers, geom)
 
 
 def sequence_nll(torch, model, ids):
-    """Mean next-token negative log-likelihood, computed in chunks (sanity check of the loaded weights)."""
+    """Next-token negative log-likelihood of every target (position 1..T-1), in chunks: a sanity check
+    of the loaded weights. Runs the decoder once, which also feeds the capture."""
     with torch.no_grad():
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         hidden = base(input_ids=torch.tensor([ids]), use_cache=False).last_hidden_state[0]
         head = model.get_output_embeddings()
-        total, count = 0.0, 0
+        parts = []
         for s in range(0, len(ids) - 1, 1024):
             e = min(len(ids) - 1, s + 1024)
             logits = head(hidden[s:e]).float()
-            total += float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[s + 1 : e + 1]), reduction="sum"))
-            count += e - s
-    return total / max(count, 1)
+            parts.append(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[s + 1 : e + 1]), reduction="none"))
+    return torch.cat(parts).double()  # [T-1], entry j is the loss of predicting token j+1
 
 
 def write_raw(path, h5py, np, attrs, stored, layers, dtype):
@@ -431,7 +431,8 @@ def main(argv=None):
             nll = None
             with torch.no_grad():
                 if args.verify and not verified:
-                    nll = sequence_nll(torch, model, seq)  # one pass: captures and gives the loss
+                    nll_tokens = sequence_nll(torch, model, seq)  # one pass: captures and gives the loss
+                    nll = float(nll_tokens.mean())
                 else:
                     base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
                     base(input_ids=torch.tensor([seq]), use_cache=False)
@@ -458,6 +459,17 @@ def main(argv=None):
                 report = verify_sequence(args, np, torch, model, seq, recorder, stored, layers, geom)
                 if nll is not None:
                     report["mean_nll_nats"] = nll
+                    max_pos = getattr(cfg, "max_position_embeddings", None)
+                    if max_pos and T > max_pos:
+                        # targets at positions >= max_pos lie past the trained context; compare with the
+                        # same number of targets just before it
+                        n_past = T - max_pos
+                        past = float(nll_tokens[max_pos - 1 :].mean())
+                        before = float(nll_tokens[max(0, max_pos - 1 - n_past) : max_pos - 1].mean())
+                        report["nll_past_trained_context"] = {"positions": [max_pos, T - 1], "mean_nll_nats": past,
+                                                              "previous_positions_mean_nll_nats": before}
+                        log(f"positions {max_pos}..{T - 1} lie past the trained context {max_pos}: mean NLL {past:.3f} "
+                            f"nats there, {before:.3f} over the {n_past} positions before")
                 verified = True
             provenance = {
                 "tool": "examples/capture_hf.py", "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
