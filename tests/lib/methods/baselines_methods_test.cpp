@@ -201,6 +201,30 @@ TEST(BaselineMethods, OscarsMatchesItsPrimitivesAndNeedsTheWholeLayer) {
   EXPECT_EQ(e.external->value_split(600).history, 512);
 }
 
+// int4-hadamard = H, per-token INT4 (G = d, integer zero), H^T; turboquant:k3v3 values = per-token 3-bit
+// uniform, float zero, G = d, no rotation (bit-exact).
+TEST(BaselineMethods, Int4HadamardAndK3v3ValuesMatchTheirPrimitives) {
+  const int d = 32;
+  const int64_t n = 9;
+  const auto keys = random_rows(n, d, 40), values = random_rows(n, d, 41);
+  const HeadRows rows{0, 0, d, n, keys.data(), values.data()};
+  const EncodedSequence e = make_method("int4-hadamard", context_for(d, 2))->encode(rows);
+  const MatrixD h = hadamard_matrix(d);
+  for (const auto* side : {&keys, &values}) {
+    std::vector<float> rotated(side->size()), hat(side->size()), back(side->size());
+    rotate_rows(side->data(), n, d, h, rotated.data());
+    for (auto& v : rotated) v = round_to_bf16(v);
+    quantize_per_token(rotated.data(), n, d, d, UniformConfig{4, ZeroPoint::integer, MetadataType::fp16}, hat.data());
+    rotate_rows(hat.data(), n, d, h.transpose(), back.data());
+    const auto& got = side == &keys ? e.dequantized_keys : e.dequantized_values;
+    for (size_t i = 0; i < back.size(); ++i) ASSERT_NEAR(got[i], back[i], 1e-5f * (1 + std::fabs(back[i])));
+  }
+  const EncodedSequence k3v3 = make_method("turboquant:k3v3", context_for(d, 2))->encode(rows);
+  std::vector<float> v_hat(values.size());
+  quantize_per_token(values.data(), n, d, d, UniformConfig{3, ZeroPoint::float_min, MetadataType::fp16}, v_hat.data());
+  for (size_t i = 0; i < v_hat.size(); ++i) ASSERT_EQ(k3v3.dequantized_values[i], v_hat[i]);
+}
+
 // Every method's BPE at 8K and 128K from its storage, against hand computation (d = 128, Hkv = 8, fp16).
 TEST(BaselineMethods, BpeAt8KAnd128KByHand) {
   const int d = 128, hkv = 8;

@@ -59,6 +59,23 @@ TEST(BaselinesUniform, IntegerZeroGroupByHand) {
   EXPECT_EQ(dequantize_code(codes[3], q, config.zero_point), 2.0f);  // clamped at the top
 }
 
+// INT4 (int4-hadamard): x = {-3, 0, 4.5, 12}: scale 15/15 = 1, z = rne(3) = 3, codes rne(x) + 3 =
+// 0, 3, 7 (4.5 -> 4, half to even), 15.
+TEST(BaselinesUniform, Int4IntegerZeroByHand) {
+  const float x[4] = {-3.0f, 0.0f, 4.5f, 12.0f};
+  uint8_t codes[4];
+  const UniformConfig config{4, ZeroPoint::integer, MetadataType::fp16};
+  const GroupParams p = quantize_group(x, 4, 1, config, codes);
+  EXPECT_EQ(p.scale, 1.0f);
+  EXPECT_EQ(p.offset, 3.0f);
+  const uint8_t expected[4] = {0, 3, 7, 15};
+  const float expected_hat[4] = {-3.0f, 0.0f, 4.0f, 12.0f};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(codes[i], expected[i]) << i;
+    EXPECT_EQ(dequantize_code(codes[i], p, config.zero_point), expected_hat[i]) << i;
+  }
+}
+
 TEST(BaselinesUniform, ConstantGroupIsExactAndStrideIsHonoured) {
   const float x[6] = {7.0f, 99.0f, 7.0f, 99.0f, 7.0f, 99.0f};  // stride 2 reads 7, 7, 7
   uint8_t codes[3];
