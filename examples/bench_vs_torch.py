@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Times PyTorch SDPA decode attention (cuDNN and flash backends, BF16) on the oscar-bench shapes, so the
 two tables can be read side by side. Usage: python3 examples/bench_vs_torch.py [--batch 1,8,32,64]
-[--context 8192,32768,102400,131072] [--q-heads 32 --kv-heads 8 --head-dim 128]. Markdown on stdout."""
+[--context 8192,32768,102400,131072] [--q-heads 32 --kv-heads 8 --head-dim 128] [--flush read|write|none].
+Markdown on stdout."""
 import argparse
 import sys
 
@@ -9,14 +10,20 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
+FLUSH = "read"
+
+
 def median_us(fn, warmup=5, iters=30):
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = torch.randint(0, 255, (256 << 20,), dtype=torch.uint8, device="cuda")
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
-        flush.zero_()  # cold L2, as oscar-bench does
+        if FLUSH == "read":  # cold, clean L2, as oscar-bench --flush read does
+            flush.max()
+        elif FLUSH == "write":  # memset: dirty lines whose write-back lands in the timed call
+            flush.zero_()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -34,7 +41,11 @@ def main():
     ap.add_argument("--q-heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--flush", choices=["read", "write", "none"], default="read",
+                    help="L2 state before each sample (as oscar-bench --flush)")
     a = ap.parse_args()
+    global FLUSH
+    FLUSH = a.flush
     hq, hkv, d = a.q_heads, a.kv_heads, a.head_dim
     print(f"# PyTorch {torch.__version__} SDPA BF16 decode on {torch.cuda.get_device_name()}", file=sys.stderr)
     print("| backend | batch | context | time_us | tbps | gpu |")

@@ -224,13 +224,17 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   };
 
   int pg[TILES];
+  {
+    int first[STAGES - 1][TILES];  // all page-table reads of the prologue in flight together
 #pragma unroll
-  for (int k = 0; k < STAGES - 1; ++k) {
-    load_pages(k, pg);
-    issue(k, pg);
-    cp_async_commit();
+    for (int k = 0; k < STAGES - 1; ++k) load_pages(k, first[k]);
+    load_pages(STAGES - 1, pg);
+#pragma unroll
+    for (int k = 0; k < STAGES - 1; ++k) {
+      issue(k, first[k]);
+      cp_async_commit();
+    }
   }
-  load_pages(STAGES - 1, pg);
   for (int k = 0; k < nsteps; ++k) {
     issue(k + STAGES - 1, pg);
     cp_async_commit();

@@ -26,10 +26,18 @@ struct Timing {
   double median_us = 0, noise_pct = 0;
 };
 
+// How the L2 is emptied before each sample. read: stream a buffer twice the L2 through it, leaving
+// clean lines (a cold cache); write: memset such a buffer, leaving dirty lines whose write-back to HBM
+// is then charged to the timed call (the method of the first round of numbers); none: warm L2.
+enum class Flush { read, write, none };
+
 class Timer {
  public:
-  Timer(int warmup, int iterations, size_t flush_bytes) : warmup_(warmup), iterations_(iterations) {
+  Timer(int warmup, int iterations, size_t flush_bytes, Flush flush)
+      : warmup_(warmup), iterations_(iterations), mode_(flush) {
     flush_.resize(flush_bytes);
+    sink_.resize(1);
+    kernels::launch_fill_random_bytes(flush_.get(), flush_bytes, 77, nullptr);
     cuda_check(cudaEventCreate(&start_), "cudaEventCreate");
     cuda_check(cudaEventCreate(&stop_), "cudaEventCreate");
   }
@@ -37,14 +45,22 @@ class Timer {
     cudaEventDestroy(start_);
     cudaEventDestroy(stop_);
   }
-  // Median over samples; before each sample L2 is flushed by writing a buffer twice its size.
+  // Median over samples; before each sample the L2 is flushed as mode_ says.
   Timing time(const std::function<void()>& body) {
     for (int i = 0; i < warmup_; ++i) body();
     cuda_check(cudaGetLastError(), "warm-up launch");
     cuda_check(cudaDeviceSynchronize(), "warm-up");
     std::vector<double> us;
     for (int i = 0; i < iterations_; ++i) {
-      cuda_check(cudaMemsetAsync(flush_.get(), i & 0xff, flush_.size()), "L2 flush");
+      if (mode_ == Flush::write) {
+        cuda_check(cudaMemsetAsync(flush_.get(), i & 0xff, flush_.size()), "L2 flush");
+      } else if (mode_ == Flush::read) {
+        kernels::BandwidthProbeParams p;
+        p.source = reinterpret_cast<const uint4*>(flush_.get());
+        p.n16 = flush_.size() / 16;
+        p.sink = sink_.get();
+        kernels::launch_read_probe(p, nullptr);
+      }
       cuda_check(cudaEventRecord(start_), "cudaEventRecord");
       body();
       cuda_check(cudaEventRecord(stop_), "cudaEventRecord");
@@ -66,7 +82,9 @@ class Timer {
 
  private:
   int warmup_, iterations_;
+  Flush mode_;
   DeviceBuffer<uint8_t> flush_;
+  DeviceBuffer<unsigned> sink_;
   cudaEvent_t start_{}, stop_{};
 };
 
@@ -89,7 +107,7 @@ int bench_main(int argc, char** argv) {
   int warmup = 5, iterations = 30, ctas_per_sm = 0;
   long quant_rows = 1 << 20;
   std::string batch_spec = "1,8,32,64", context_spec = "8192,32768,102400,131072", format = "md";
-  std::string kernels_spec = "int2,bf16,quant";
+  std::string kernels_spec = "int2,bf16,quant", flush = "read";
   bool ragged = false;
   app.add_option("--q-heads", q_heads, "query heads (Hq)")->capture_default_str();
   app.add_option("--kv-heads", kv_heads, "KV heads (Hkv); Hq/Hkv must be 1..8")->capture_default_str();
@@ -107,6 +125,11 @@ int bench_main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "warm-up calls per case")->capture_default_str();
   app.add_option("--iterations", iterations, "timed calls per case (median reported)")->capture_default_str();
   app.add_option("--format", format, "md, csv, json or jsonl")->capture_default_str();
+  app.add_option("--flush", flush,
+                 "L2 state before each sample: read (stream 2x L2 through it: clean, cold), write (memset: "
+                 "dirty lines, their write-back is timed too) or none (warm)")
+      ->check(CLI::IsMember({"read", "write", "none"}))
+      ->capture_default_str();
   add_common_options(app, common);
   try {
     app.parse(argc, argv);
@@ -139,7 +162,9 @@ int bench_main(int argc, char** argv) {
   const int sms = prop.multiProcessorCount;
   log(fmt::format("device: {} ({} SMs, {:.1f} GiB, L2 {} MB)", prop.name, sms, prop.totalGlobalMem / 1073741824.0,
                   prop.l2CacheSize >> 20));
-  Timer timer(warmup, iterations, std::max<size_t>(2 * static_cast<size_t>(prop.l2CacheSize), 64u << 20));
+  const Flush flush_mode = flush == "write" ? Flush::write : flush == "none" ? Flush::none : Flush::read;
+  Timer timer(warmup, iterations, std::max<size_t>(2 * static_cast<size_t>(prop.l2CacheSize), 64u << 20), flush_mode);
+  log(fmt::format("L2 flush before each sample: {}", flush));
 
   ReportTable table;
   table.fields = {"kernel", "batch", "context", "ragged", "launches", "mbytes", "time_us", "noise_pct", "tbps",
