@@ -3,7 +3,6 @@
 #include "methods/baselines/baseline_methods.h"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <functional>
 
