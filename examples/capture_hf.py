@@ -243,10 +243,11 @@ def from_storage(np, torch, a, dtype):
     return torch.from_numpy(np.asarray(a, dtype=np.float32))
 
 
-def reference_attention(torch, q, k, v, scaling, positions, prefix=0):
+def reference_attention(torch, q, k, v, scaling, positions, prefix=0, sliding_window=0, softcap=0.0):
     """Causal softmax(q k^T * scaling) v with GQA (query head h reads KV head h // g), in float64, for the
     query `positions` only. q [T, Hq, d], k/v [T, Hkv, d] -> out [P, Hq, d]; with prefix n > 0 also the
-    probabilities [Hq, n, n] of the first n queries over the first n keys."""
+    probabilities [Hq, n, n] of the first n queries over the first n keys. sliding_window W > 0: a query
+    at p sees keys p-W+1..p (transformers' convention); softcap c > 0: logits -> c tanh(logits / c)."""
     hq, d = q.shape[1], q.shape[2]
     g = hq // k.shape[1]
     pos = torch.as_tensor(positions, dtype=torch.long)
@@ -259,11 +260,19 @@ def reference_attention(torch, q, k, v, scaling, positions, prefix=0):
         for s in range(0, len(pos), 256):
             p = pos[s : s + 256]
             logits = (q64[p, h, :] @ kh.T) * scaling                      # [P, T]
+            if softcap:
+                logits = softcap * torch.tanh(logits / softcap)
             logits.masked_fill_(keys[None, :] > p[:, None], float("-inf"))
+            if sliding_window:
+                logits.masked_fill_(keys[None, :] <= p[:, None] - sliding_window, float("-inf"))
             out[s : s + 256, h, :] = torch.softmax(logits, dim=-1) @ vh
         if prefix:
             logits = (q64[:prefix, h, :] @ kh[:prefix].T) * scaling
+            if softcap:
+                logits = softcap * torch.tanh(logits / softcap)
             logits.masked_fill_(keys[None, :prefix] > keys[:prefix, None], float("-inf"))
+            if sliding_window:
+                logits.masked_fill_(keys[None, :prefix] <= keys[:prefix, None] - sliding_window, float("-inf"))
             probs[h] = torch.softmax(logits, dim=-1)
     return out, probs
 
@@ -303,8 +312,9 @@ def verify_sequence(args, np, torch, model, ids, recorder, stored, layers, geom)
         v = from_storage(np, torch, stored[layer]["v"], args.dtype)
         qf, kf, vf = recorder.q[layer], recorder.k[layer], recorder.v[layer]
         scale = recorder.scaling[layer]
-        ours, probs = reference_attention(torch, q, k, v, scale, positions, 0 if args.keep_queries_last else n)
-        ours32, probs32 = reference_attention(torch, qf, kf, vf, scale, positions, n)
+        extra = {"sliding_window": recorder.extra[layer]["sliding_window"], "softcap": recorder.extra[layer]["softcap"]}
+        ours, probs = reference_attention(torch, q, k, v, scale, positions, 0 if args.keep_queries_last else n, **extra)
+        ours32, probs32 = reference_attention(torch, qf, kf, vf, scale, positions, n, **extra)
         model_out = recorder.out[layer].double()[positions]
         entry = {"scaling": scale,
                  "max_rel_err_stored": rel(ours[kept], model_out[kept]),
@@ -315,6 +325,12 @@ def verify_sequence(args, np, torch, model, ids, recorder, stored, layers, geom)
             if probs is not None:
                 entry["max_abs_prob_err_stored"] = float((probs - pe).abs().max())
         report["layers"][str(layer)] = entry
+        limit = 1e-3 if args.compute_dtype == "float32" else 5e-2  # the model's own rounding
+        worst = max(entry["max_rel_err_float32"], entry.get("max_abs_prob_err_float32", 0.0))
+        if not worst <= limit:
+            die(f"--verify: layer {layer}: the captured tensors do not reproduce the model's attention (error {worst:.3g} "
+                f"> {limit:g}); this model's attention is not plain causal softmax(q k^T * scale) with GQA "
+                "(or the capture point is wrong): nothing written")
         log(f"verify layer {layer}: attention output max rel err {entry['max_rel_err_stored']:.2e} from the stored "
             f"{args.dtype} tensors, {entry['max_rel_err_float32']:.2e} from float32"
             + (f"; eager probabilities max abs err {entry['max_abs_prob_err_float32']:.2e} (float32)"
@@ -436,6 +452,12 @@ def main(argv=None):
                 else:
                     base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
                     base(input_ids=torch.tensor([seq]), use_cache=False)
+            for l in layers:
+                window = recorder.extra.get(l, {}).get("sliding_window", 0)
+                if window and window < T and not getattr(recorder, "warned_window", False):
+                    log(f"warning: layer {l} uses sliding-window attention (window {window} < {T} tokens); the "
+                        "tensors are exact, but the toolkit's evaluation assumes full causal attention")
+                    recorder.warned_window = True
             missing = [l for l in layers if l not in recorder.q]
             if missing:
                 die(f"{args.model}: the attention function saw no call for layer(s) {missing}; this model family "
