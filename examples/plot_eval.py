@@ -4,12 +4,16 @@ and error vs effective bits per element. Reads the files examples/ablation_sweep
 
 usage: examples/plot_eval.py [--context context.csv] [--per-layer per_layer.csv]
                              [--bpe windows.csv group_size.csv ...] [--metric rel_err] [--out DIR]
+                             [--prefix NAME] [--title TEXT]
 """
 import argparse
 import csv
 import os
 import sys
 from collections import defaultdict
+
+PREFIX = "eval"  # file name prefix (--prefix)
+TITLE = ""  # title prefix (--title)
 
 
 def read_rows(path):
@@ -42,10 +46,10 @@ def plot_context(plt, rows, metric, out):
     ax.set_yscale("log")
     ax.set_xlabel("context length L (tokens before the query)")
     ax.set_ylabel(f"mean {metric}")
-    ax.set_title(f"Attention-output error vs context ({metric})")
+    ax.set_title(f"{TITLE}error vs context ({metric})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    path = os.path.join(out, f"eval_context_{metric}.png")
+    path = os.path.join(out, f"{PREFIX}_context_{metric}.png")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
@@ -68,10 +72,10 @@ def plot_layers(plt, rows, metric, out):
     ax.set_yscale("log")
     ax.set_xlabel("layer")
     ax.set_ylabel(f"mean {metric}")
-    ax.set_title(f"Per-layer error ({metric})")
+    ax.set_title(f"{TITLE}per-layer error ({metric})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    path = os.path.join(out, f"eval_layers_{metric}.png")
+    path = os.path.join(out, f"{PREFIX}_layers_{metric}.png")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
@@ -90,10 +94,10 @@ def plot_bpe(plt, rows, metric, out):
     ax.set_yscale("log")
     ax.set_xlabel("effective bits per element BPE(L) (codes + metadata + BF16 windows)")
     ax.set_ylabel(f"mean {metric}")
-    ax.set_title(f"Error vs storage ({metric})")
+    ax.set_title(f"{TITLE}error vs storage ({metric})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    path = os.path.join(out, f"eval_bpe_{metric}.png")
+    path = os.path.join(out, f"{PREFIX}_bpe_{metric}.png")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
@@ -106,7 +110,12 @@ def main():
     parser.add_argument("--bpe", nargs="+", default=[], help="oscar-eval CSVs of sweeps that change the storage")
     parser.add_argument("--metric", default="rel_err", help="column to plot (rel_err, rel_err_p99, kl, ...)")
     parser.add_argument("--out", default=".", help="folder for the PNG files")
+    parser.add_argument("--prefix", default="eval", help="file name prefix: PREFIX_{context,layers,bpe}_METRIC.png")
+    parser.add_argument("--title", default="", help="text put before each plot title, e.g. the data set")
     args = parser.parse_args()
+    global PREFIX, TITLE
+    PREFIX = args.prefix
+    TITLE = f"{args.title}: " if args.title else ""
     if not (args.context or args.per_layer or args.bpe):
         parser.error("nothing to plot: give --context, --per-layer or --bpe")
     import matplotlib
