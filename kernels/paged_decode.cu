@@ -70,12 +70,13 @@ __device__ __forceinline__ void cp_async_wait() {
 // Code fields of a 16-bit half: byte b (0 low, 1 high) and quarter qq (bits 2qq..2qq+1 of that byte);
 // channel = qq * d/4 + byte index in the row. A field moved to mantissa bits 4-5 / 6-7 / 8-9 of a half
 // with exponent 64 / 16 / 4 reads as off + c, off = 64 / 16 / 4.
-// The exponent words live in registers (Exponents, built from a value the compiler cannot fold) so
-// that (src & mask) | expo is one LOP3 with an immediate mask; with two immediates it takes two.
+// The exponent words come from constant memory (values the compiler cannot fold), so each
+// (src & mask) | expo is one LOP3 with an immediate mask and the exponent in a register; with both as
+// immediates ptxas emits two LOP3 per operand.
+__constant__ uint32_t kExponentWords[3] = {0x54005400u, 0x4C004C00u, 0x44004400u};  // 64, 16, 4 (fp16 x2)
 struct Exponents {
   uint32_t e64, e16, e4;
-  __device__ explicit Exponents(uint32_t opaque_zero)
-      : e64(0x54005400u | opaque_zero), e16(0x4C004C00u | opaque_zero), e4(0x44004400u | opaque_zero) {}
+  __device__ Exponents() : e64(kExponentWords[0]), e16(kExponentWords[1]), e4(kExponentWords[2]) {}
 };
 __device__ __forceinline__ uint32_t field_at(uint32_t src, int pos, const Exponents& x) {
   const uint32_t mask = pos == 4 ? 0x00300030u : pos == 6 ? 0x00C000C0u : 0x03000300u;
@@ -149,7 +150,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   const int gid = lane / 4, tq = lane % 4;
   const int g = p.group;
   const float logit_factor = p.softmax_scale * kLog2e;
-  const Exponents ex(static_cast<uint32_t>(p.group) >> 16);  // group <= 8: zero, unknown at compile time
+  const Exponents ex;
 
   // B fragments of q for head gid: chunk c = i / 2, slot i % 2 (b0 / b1), i = 8u + e for word
   // tq * KW + u and field e; lo half = byte 4w + b, hi half = byte 4w + 2 + b.
@@ -209,16 +210,19 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     for (int t = 0; t < TILES; ++t) {
       const int tok = tile_start(k, t);
       if (tok < t_end) {
-        const size_t row = ((size_t)pg[t] * p.num_kv_heads + kv) * P + (tok & (P - 1));
+        // 32-bit row index (pools hold < 2^32 rows, checked on the host); 64-bit byte offsets.
+        const uint32_t row = ((uint32_t)pg[t] * (uint32_t)p.num_kv_heads + kv) * (uint32_t)P + (tok & (P - 1));
+        const size_t code_off = (size_t)row * Q;
         uint8_t* tb = buf + t * G::TILE_BYTES;
 #pragma unroll
         for (int c0 = 0; c0 < 2 * Q; c0 += 32) {
           const int c = c0 + lane;  // 16-byte chunk: K codes [0, Q), V codes [Q, 2Q)
-          const uint8_t* src = c < Q ? p.key_codes + row * Q + c * 16 : p.value_codes + row * Q + (c - Q) * 16;
+          const uint8_t* src = c < Q ? p.key_codes + code_off + c * 16 : p.value_codes + code_off + (c - Q) * 16;
           cp_async16(tb + c * 16, src);
         }
         if (lane < 16)
-          cp_async16(tb + 32 * Q + lane * 16, reinterpret_cast<const uint8_t*>(p.int2_metadata) + (row + lane) * 16);
+          cp_async16(tb + 32 * Q + lane * 16,
+                     reinterpret_cast<const uint8_t*>(p.int2_metadata) + (size_t)row * 16 + lane * 16);
       }
     }
   };
@@ -471,7 +475,7 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
     __syncwarp();
     const int n = min(32, t_end - blk);
     const uint16_t* vbase = p.bf16_values + row0 * D + lane * CPL;
-#pragma unroll 4
+#pragma unroll 8
     for (int j = 0; j < n; ++j) {
       float v[CPL];
       const uint16_t* vp = vbase + (size_t)j * D;

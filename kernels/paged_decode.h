@@ -25,7 +25,7 @@ struct PagedDecodeParams {
   const float* queries = nullptr;  // [B, Hkv*g, d] already rotated (q . R_K); head hq = kv*g + j
 
   // INT2 tier (may be absent: int2_splits = 0).
-  int int2_page_size = 0;                 // P tokens per page, a power of two >= 16
+  int int2_page_size = 0;                 // P tokens per page, a power of two >= 16; pool < 2^32 rows
   const uint8_t* key_codes = nullptr;     // [pages, Hkv, P, d/4] quarter layout
   const uint8_t* value_codes = nullptr;   // [pages, Hkv, P, d/4]
   const float* int2_metadata = nullptr;   // [pages, Hkv, P, 4] = (k_scale, k_zero, v_scale, v_zero)

@@ -139,6 +139,8 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
     partial_out_.resize(parts * g.head_dim);
     partial_lse2_.resize(parts);
   }
+  OSCAR_CHECK(cache.int2_metadata.size() / 4 < (size_t{1} << 32), "cuda decode: INT2 pool of {} rows exceeds 2^32",
+              cache.int2_metadata.size() / 4);
   const size_t pairs = static_cast<size_t>(g.batch) * g.num_kv_heads;
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim);
   if (fused && counters_.size() < pairs) {
