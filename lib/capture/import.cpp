@@ -6,6 +6,7 @@
 #include <map>
 
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/progress.h"
 #include "common/error.h"
@@ -147,7 +148,28 @@ DumpInfo import_raw_files(const std::vector<std::string>& inputs, const std::str
   info.layers = layers;
   info.dtype = o.dtype;
   info.model = raws[0].model;
-  info.provenance_json = provenance_json;
+  // Keep each raw file's own provenance (text, checksums, hook settings) next to ours.
+  nlohmann::ordered_json provenance = nlohmann::ordered_json::parse(provenance_json, nullptr, false);
+  if (provenance.is_object()) {
+    nlohmann::ordered_json raw_files = nlohmann::ordered_json::array();
+    for (const auto& r : raws) {
+      nlohmann::ordered_json entry;
+      entry["file"] = r.file.path();
+      for (const char* key : {"model", "source", "source_sha256", "token_offset", "provenance"}) {
+        if (!r.file.has_attribute("/", key)) continue;
+        try {
+          entry[key] = r.file.attribute_string("/", key);
+        } catch (const Error&) {
+          entry[key] = r.file.attribute_int("/", key);
+        }
+      }
+      raw_files.push_back(entry);
+    }
+    provenance["raw_files"] = raw_files;
+    info.provenance_json = provenance.dump();
+  } else {
+    info.provenance_json = provenance_json;
+  }
   info.queries_kept_last = o.queries_kept_last;
   info.sequence_offsets = {0};
   std::vector<std::pair<int64_t, int64_t>> ranges;
