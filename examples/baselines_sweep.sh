@@ -91,10 +91,15 @@ run "$BIN/oscar-eval" "${ARGS[@]}" -o "$OUT/k3v3.csv" --methods turboquant:k3v3,
 # OSCAR's BF16 windows cost bits at short contexts: the same method with smaller windows for equal BPE.
 run "$BIN/oscar-eval" "${ARGS[@]}" -o "$OUT/oscar_windows.csv" --methods oscar --windows 0/0,16/32,32/128
 
+# Window controls: KIVI without its residual window; TurboQuant and Hadamard with OSCAR-style BF16
+# sink/recent windows (0/128 is KIVI's value window).
+run "$BIN/oscar-eval" "${ARGS[@]}" -o "$OUT/kivi_r0.csv" --methods kivi:128,hadamard:kivi:128 --recent 0
+run "$BIN/oscar-eval" "${ARGS[@]}" -o "$OUT/windows.csv" --methods turboquant,hadamard --windows 0/128,32/128,64/256
+
 # Per layer, for the methods at <= 2.5 BPE at d = 64 (is the winner the winner on every layer?).
 # (Each at its own defaults: --windows would also set KIVI's residual R; oscar 0/0 is oscar-ablation:no-windows.)
 run "$BIN/oscar-eval" "${ARGS[@]}" -o "$OUT/per_layer.csv" --per-layer --methods \
   naive,hadamard,kivi:128,hadamard:kivi:128,turboquant,turboquant:qjl,oscar-ablation:no-windows
 
-{ head -n 1 "$OUT/b2.csv"; for f in b2 b3 k3v3 oscar_windows; do tail -n +2 "$OUT/$f.csv"; done; } > "$OUT/equal_bits.csv"
+{ head -n 1 "$OUT/b2.csv"; for f in b2 b3 k3v3 oscar_windows kivi_r0 windows; do tail -n +2 "$OUT/$f.csv"; done; } > "$OUT/equal_bits.csv"
 echo "wrote $OUT/equal_bits.csv (dump $EVAL, pack $PACK, context $CONTEXT)" >&2

@@ -17,6 +17,10 @@ def label(row):
         name += f" ({bits}-bit)"
     if name.startswith("oscar") and not name.startswith("oscars"):
         name += f" {row['sink']}/{row['recent']}"  # OSCAR's sink/recent windows
+    elif "kivi" in name and row.get("recent") not in (None, "128"):
+        name += f" R={row['recent']}"  # KIVI's residual window when not the default
+    elif name in ("turboquant", "hadamard", "naive") and row.get("recent") not in (None, "0"):
+        name += f" +{row['sink']}/{row['recent']} BF16"  # sink/recent windows added
     return name
 
 
