@@ -18,6 +18,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include <cuda_fp16.h>
 
@@ -245,7 +246,9 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     load_pages(k + STAGES, pg);
     cp_async_wait<STAGES - 1>();
     __syncwarp();
-    if (tile_start(k, 0) < t_end) {
+    // A full stage (every token of the warp's tiles < t_end) skips the masks.
+    auto compute = [&](auto full_tag) {
+      constexpr bool FULL = decltype(full_tag)::value;
       const uint8_t* buf = wring + (k % STAGES) * (TILES * G::TILE_BYTES);
       // S^T [16 tokens x 8 heads] per tile; rows gid and gid + 8 are tokens tile_token(gid), tile_token(gid + 8).
       float s[TILES][4];
@@ -285,7 +288,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
         for (int r = 0; r < 2; ++r) {
           const int tok = tile_start(k, t) + tile_token(gid + 8 * r);
           const float4 mt = *reinterpret_cast<const float4*>(tb + 32 * Q + tile_token(gid + 8 * r) * 16);
-          meta[t][r] = tok < t_end ? mt : make_float4(0.f, 0.f, 0.f, 0.f);
+          meta[t][r] = FULL || tok < t_end ? mt : make_float4(0.f, 0.f, 0.f, 0.f);
         }
       }
       // Logits (log2 domain), stage max per head.
@@ -297,7 +300,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
           const int tok = tile_start(k, t) + tile_token(gid + 8 * r);
           const float4 mt = meta[t][r];
           const float alpha = logit_factor * mt.x;
-          const bool valid = tok < t_end;
+          const bool valid = FULL || tok < t_end;
           s[t][2 * r + 0] = valid ? alpha * (s[t][2 * r + 0] - fmaf(mt.y, qsum0, qoff0)) : -INFINITY;
           s[t][2 * r + 1] = valid ? alpha * (s[t][2 * r + 1] - fmaf(mt.y, qsum1, qoff1)) : -INFINITY;
           bmax0 = fmaxf(bmax0, s[t][2 * r + 0]);
@@ -324,8 +327,8 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const float4 mt = meta[t][r];
-          const float p0 = s[t][2 * r + 0] == -INFINITY ? 0.f : exp2f(s[t][2 * r + 0] - m0);
-          const float p1 = s[t][2 * r + 1] == -INFINITY ? 0.f : exp2f(s[t][2 * r + 1] - m1);
+          const float p0 = !FULL && s[t][2 * r + 0] == -INFINITY ? 0.f : exp2f(s[t][2 * r + 0] - m0);
+          const float p1 = !FULL && s[t][2 * r + 1] == -INFINITY ? 0.f : exp2f(s[t][2 * r + 1] - m1);
           l0 += p0, l1 += p1;
           const uint32_t wh = pack_half2(p0 * mt.z, p1 * mt.z);
           const float2 wf = unpack_half2(wh);
@@ -367,7 +370,11 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
           }
         }
       }
-    }
+    };
+    if (tile_start(k, TILES - 1) + 16 <= t_end)
+      compute(std::true_type{});
+    else if (tile_start(k, 0) < t_end)
+      compute(std::false_type{});
     __syncwarp();
   }
   cp_async_wait<0>();
