@@ -65,14 +65,14 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
+    fig, axes = plt.subplots(1, 2, figsize=(16, 6.5))
     for ax, key, name in ((axes[0], "rel_err", "relative attention-output error (mean)"),
                           (axes[1], "kl", "KL(p_ref || p_quant), nats (mean)")):
         pts = [(r["bpe"], r[key]) for r in rows]
         for r in rows:
             color = "tab:red" if r["method"] == "oscar" else "tab:blue"
             ax.scatter(r["bpe"], r[key], color=color, s=28, zorder=3)
-            ax.annotate(r["label"], (r["bpe"], r[key]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+            ax.annotate(r["label"], (r["bpe"], r[key]), fontsize=6.5, xytext=(4, 3), textcoords="offset points")
         front = pareto(pts)
         ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], color="gray", lw=1, ls="--",
                 label="Pareto front", zorder=2)
