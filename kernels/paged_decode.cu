@@ -482,7 +482,7 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
     __syncwarp();
     const int n = min(32, t_end - blk);
     const uint16_t* vbase = p.bf16_values + row0 * D + lane * CPL;
-#pragma unroll 16
+#pragma unroll 8
     for (int j = 0; j < n; ++j) {
       float v[CPL];
       const uint16_t* vp = vbase + (size_t)j * D;
@@ -536,12 +536,10 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int h = warp; h < g; h += kDecodeWarps) {
     float mx = -INFINITY;
-#pragma unroll 4
     for (int s = lane; s < S; s += 32) mx = fmaxf(mx, __ldcg(lse + s * g + h));
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     float sum = 0.f;
-#pragma unroll 4
     for (int s = lane; s < S; s += 32) {
       const float w = mx == -INFINITY ? 0.f : exp2f(__ldcg(lse + s * g + h) - mx);
       weight[s * g + h] = w;
@@ -552,30 +550,24 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
     if (lane == 0) inv[h] = sum > 0.f ? 1.f / sum : 0.f;
   }
   __syncthreads();
-  // Weighted sum over splits: PER outputs per thread per pass, the partials of SB splits loaded
-  // together (PER x SB loads in flight; a dependent chain of L2 reads per split would dominate).
-  constexpr int PER = 4, SB = 8;
+  constexpr int PER = 4;  // outputs per thread per pass: PER x 4 partial loads in flight
   for (int i0 = threadIdx.x; i0 < g * D; i0 += PER * kThreads) {
     float acc[PER];
-    bool ok[PER];
 #pragma unroll
-    for (int k = 0; k < PER; ++k) acc[k] = 0.f, ok[k] = i0 + k * kThreads < g * D;
-    for (int s0 = 0; s0 < S; s0 += SB) {
-      float v[SB][PER];
+    for (int k = 0; k < PER; ++k) acc[k] = 0.f;
+#pragma unroll 4
+    for (int s = 0; s < S; ++s) {
 #pragma unroll
-      for (int j = 0; j < SB; ++j)
-#pragma unroll
-        for (int k = 0; k < PER; ++k)
-          v[j][k] = s0 + j < S && ok[k] ? __ldcg(po + (size_t)(s0 + j) * g * D + i0 + k * kThreads) : 0.f;
-#pragma unroll
-      for (int j = 0; j < SB; ++j)
-#pragma unroll
-        for (int k = 0; k < PER; ++k)
-          if (s0 + j < S && ok[k]) acc[k] = fmaf(weight[(s0 + j) * g + (i0 + k * kThreads) / D], v[j][k], acc[k]);
+      for (int k = 0; k < PER; ++k) {
+        const int i = i0 + k * kThreads;
+        if (i < g * D) acc[k] += weight[s * g + i / D] * __ldcg(po + (size_t)s * g * D + i);
+      }
     }
 #pragma unroll
-    for (int k = 0; k < PER; ++k)
-      if (ok[k]) merged[i0 + k * kThreads] = acc[k] * inv[(i0 + k * kThreads) / D];
+    for (int k = 0; k < PER; ++k) {
+      const int i = i0 + k * kThreads;
+      if (i < g * D) merged[i] = acc[k] * inv[i / D];
+    }
   }
   __syncthreads();
   float* out = p.out + pair * g * D;  // heads (b * Hkv + kv) * g + h
