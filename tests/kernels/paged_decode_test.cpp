@@ -126,9 +126,11 @@ TEST(PagedDecode, EmptyTiers) {
 }
 
 TEST(PagedDecode, SplitBoundariesAndRaggedBatch) {
-  // 40 CTAs per SM forces small splits (256 tokens here): lengths straddle split edges.
-  run_case({128, 4, 8, {255, 256, 257, 511, 512, 513, 4097}, {1, 64, 320, 0, 33, 129, 7}, 16, 32, 40, true,
-            "ragged, page 16/32, many splits"});
+  // 256-token splits: lengths straddle split edges.
+  DecodeCase c{128, 4, 8, {255, 256, 257, 511, 512, 513, 4097}, {1, 64, 320, 0, 33, 129, 7}, 16, 32, 40, true,
+               "ragged, page 16/32, many splits"};
+  c.force_int2_chunk = 256;
+  run_case(c);
   run_case({128, 4, 8, {20000, 1, 700}, {320, 320, 320}, 256, 64, 4, true, "ragged, page 256"});
 }
 
