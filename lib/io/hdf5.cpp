@@ -273,6 +273,15 @@ int64_t File::chunk_rows(const std::string& dataset) const {
   return static_cast<int64_t>(chunk[0]);
 }
 
+// A memory space shaped like a row selection ([count, rest...]): with the same shape as the file
+// selection HDF5 copies whole chunks instead of iterating element by element.
+static Handle selection_shaped_space(const File& file, const std::string& dataset, int64_t count) {
+  auto dims = file.shape(dataset);
+  std::vector<hsize_t> memory_dims(dims.begin(), dims.end());
+  memory_dims[0] = static_cast<hsize_t>(count);
+  return Handle(H5Screate_simple(static_cast<int>(memory_dims.size()), memory_dims.data(), nullptr), H5Sclose);
+}
+
 // Selects rows [first, first+count) of a dataset; returns the elements per row.
 static int64_t select_rows(const File& file, const std::string& dataset, hid_t space, int64_t first, int64_t count) {
   auto dims = file.shape(dataset);
@@ -295,8 +304,7 @@ void File::read_rows(const std::string& dataset, int64_t first, int64_t count, f
   int64_t per_row = select_rows(*this, dataset, space.id(), first, count);
   const size_t n = static_cast<size_t>(per_row * count);
   if (n == 0) return;
-  hsize_t memory_dims[1] = {n};
-  Handle memory_space(H5Screate_simple(1, memory_dims, nullptr), H5Sclose);
+  Handle memory_space = selection_shaped_space(*this, dataset, count);
   herr_t status = -1;
   if (e == Element::float32 || e == Element::float64) {
     status = H5Dread(d.id(), H5T_NATIVE_FLOAT, memory_space.id(), space.id(), H5P_DEFAULT, out);
@@ -323,8 +331,7 @@ void File::write_rows(const std::string& dataset, int64_t first, int64_t count, 
   int64_t per_row = select_rows(*this, dataset, space.id(), first, count);
   const size_t n = static_cast<size_t>(per_row * count);
   if (n == 0) return;
-  hsize_t memory_dims[1] = {n};
-  Handle memory_space(H5Screate_simple(1, memory_dims, nullptr), H5Sclose);
+  Handle memory_space = selection_shaped_space(*this, dataset, count);
   herr_t status = -1;
   if (e == Element::float32 || e == Element::float64) {
     status = H5Dwrite(d.id(), H5T_NATIVE_FLOAT, memory_space.id(), space.id(), H5P_DEFAULT, data);
