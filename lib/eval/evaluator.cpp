@@ -28,6 +28,7 @@ struct CacheRecord {
 // Results of one (method variant, context, layer): filled in a fixed order.
 struct Bucket {
   std::vector<QueryMetrics> queries;
+  std::vector<int> query_kv_heads;  // [queries.size()] the KV head each query read
   std::vector<CacheRecord> caches;
 };
 
@@ -339,6 +340,7 @@ EvalResult run_evaluation(const ActivationSource& source, const EvalConfig& conf
           auto& q = outputs[task].queries[ci];
           auto& c = outputs[task].caches[ci];
           b.queries.insert(b.queries.end(), q.begin(), q.end());
+          b.query_kv_heads.insert(b.query_kv_heads.end(), q.size(), task % geometry.num_kv_heads);
           b.caches.insert(b.caches.end(), c.begin(), c.end());
         }
       }
@@ -421,6 +423,19 @@ EvalResult run_evaluation(const ActivationSource& source, const EvalConfig& conf
       std::vector<const Bucket*> all;
       int worst = -1;
       double worst_err = -1;
+      std::string worst_head;
+      double worst_head_err = -1;
+      // The (layer, KV head) with the largest mean rel_err (baselines.md: "worst (layer, head)").
+      auto head_means = [&](const Bucket& b) {
+        std::vector<double> sum(geometry.num_kv_heads, 0.0);
+        std::vector<int64_t> count(geometry.num_kv_heads, 0);
+        for (size_t i = 0; i < b.queries.size(); ++i) {
+          sum[b.query_kv_heads[i]] += b.queries[i].rel_err;
+          ++count[b.query_kv_heads[i]];
+        }
+        for (int h = 0; h < geometry.num_kv_heads; ++h) sum[h] = count[h] ? sum[h] / count[h] : -1.0;
+        return sum;
+      };
       for (int li = 0; li < num_layers; ++li) {
         const Bucket& b = bucket(mi, ci, li);
         all.push_back(&b);
@@ -430,6 +445,17 @@ EvalResult run_evaluation(const ActivationSource& source, const EvalConfig& conf
         fill(row, {&b});
         row.worst_layer = layers[li];
         row.worst_layer_rel_err = row.rel_err.mean;
+        const auto means = head_means(b);
+        for (int h = 0; h < geometry.num_kv_heads; ++h) {
+          if (means[h] > row.worst_head_rel_err) {
+            row.worst_head_rel_err = means[h];
+            row.worst_head = fmt::format("{}/{}", layers[li], h);
+          }
+          if (means[h] > worst_head_err) {
+            worst_head_err = means[h];
+            worst_head = fmt::format("{}/{}", layers[li], h);
+          }
+        }
         if (row.rel_err.mean > worst_err) {
           worst_err = row.rel_err.mean;
           worst = layers[li];
@@ -441,6 +467,8 @@ EvalResult run_evaluation(const ActivationSource& source, const EvalConfig& conf
       fill(row, all);
       row.worst_layer = worst;
       row.worst_layer_rel_err = worst_err;
+      row.worst_head = worst_head;
+      row.worst_head_rel_err = worst_head_err;
       result.rows.push_back(row);
     }
   return result;
@@ -470,14 +498,16 @@ ReportTable make_report_table(const std::vector<EvalRow>& rows, bool per_layer, 
   table.fields = {"method",      "context",     "layers",        "bpe",         "rel_err",     "rel_err_p50",
                   "rel_err_p90", "rel_err_p99", "rel_err_max",   "cos",         "kl",          "logit_err_max",
                   "top8_recall", "k_rel_mse",   "v_rel_mse",     "err_sink",    "err_history", "err_recent",
-                  "worst_layer", "worst_layer_rel_err", "queries", "sequences", "sink", "recent", "group_size",
-                  "bits", "metadata", "k_clip", "v_clip", "backend"};
+                  "worst_layer", "worst_layer_rel_err", "worst_head", "worst_head_rel_err", "queries", "sequences",
+                  "sink",        "recent",      "group_size",    "bits",        "metadata",    "k_clip",
+                  "v_clip",      "backend"};
   if (per_layer) table.fields.insert(table.fields.begin() + 2, "layer");
   for (const auto& r : rows) {
     std::vector<ReportValue> v = {r.method, static_cast<long>(r.context), r.layers, r.bpe, r.rel_err.mean, r.rel_err.p50,
                    r.rel_err.p90, r.rel_err.p99, r.rel_err.max, r.cos, r.kl, r.logit_err_max, r.top8_recall,
                    r.k_rel_mse, r.v_rel_mse, r.err_sink, r.err_history, r.err_recent, static_cast<long>(r.worst_layer),
-                   r.worst_layer_rel_err, static_cast<long>(r.queries), static_cast<long>(r.sequences),
+                   r.worst_layer_rel_err, r.worst_head, r.worst_head_rel_err, static_cast<long>(r.queries),
+                   static_cast<long>(r.sequences),
                    static_cast<long>(r.sink), static_cast<long>(r.recent), static_cast<long>(r.group_size),
                    static_cast<long>(r.bits), r.metadata, r.k_clip, r.v_clip, r.backend};
     if (per_layer) v.insert(v.begin() + 2, static_cast<long>(r.layer));

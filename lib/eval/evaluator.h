@@ -74,6 +74,8 @@ struct EvalRow {
   double err_sink = 0, err_history = 0, err_recent = 0;
   int worst_layer = -1;
   double worst_layer_rel_err = 0;
+  std::string worst_head;  // "layer/kv_head" with the largest mean rel_err
+  double worst_head_rel_err = -1;
   int64_t queries = 0, sequences = 0;
   std::string backend;
 };

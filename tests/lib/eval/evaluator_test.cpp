@@ -107,6 +107,16 @@ TEST(Evaluator, Bf16ReproducesTheReferenceAndBaselinesRankAsExpected) {
   for (const auto& lr : r.layer_rows)
     if (lr.method == "hadamard" && lr.context == 200) worst = std::max(worst, lr.rel_err.mean);
   EXPECT_EQ(total.worst_layer_rel_err, worst);
+  // Every KV head serves the same number of queries, so a layer's mean is the mean of its heads' means
+  // and the worst head is at least as bad as the worst layer (equal only if all heads tie).
+  EXPECT_GT(total.worst_head_rel_err, total.worst_layer_rel_err);
+  EXPECT_TRUE(total.worst_head == "0/0" || total.worst_head == "0/1" || total.worst_head == "1/0" ||
+              total.worst_head == "1/1")
+      << total.worst_head;
+  double layer_worst_head = 0;
+  for (const auto& lr : r.layer_rows)
+    if (lr.method == "hadamard" && lr.context == 200) layer_worst_head = std::max(layer_worst_head, lr.worst_head_rel_err);
+  EXPECT_EQ(total.worst_head_rel_err, layer_worst_head);
 }
 
 TEST(Evaluator, ResultsDoNotDependOnThreads) {
