@@ -48,6 +48,16 @@ void validate_quantizer(const QuantizerConfig& config, int dim) {
               config.clip_ratio);
 }
 
+float group_scale(float mn, float mx, int bits, MetadataType metadata) {
+  const float max_code = static_cast<float>((1 << bits) - 1);
+  const float magnitude = std::max(std::fabs(mn), std::fabs(mx));
+  // 2^-14 keeps |zero| <= 3 * 2^14 < 65504 (fp16); bf16 and fp32 have range to spare.
+  const float floor_factor = metadata == MetadataType::fp16 ? 0x1.0p-14f : 0x1.0p-100f;
+  float s = round_to_metadata(std::max(std::max(mx - mn, 1e-8f) / max_code, magnitude * floor_factor), metadata);
+  if (s == 0.0f) s = metadata == MetadataType::fp16 ? 0x1.0p-24f : 0x1.0p-126f;  // smallest stored value
+  return s;
+}
+
 float clip_threshold(const float* row, int dim, float clip_ratio) {
   int idx = static_cast<int>(std::floor(static_cast<double>(clip_ratio) * dim));
   idx = std::clamp(idx, 0, dim - 1);
@@ -75,7 +85,7 @@ void quantize_row(const float* row, int dim, const QuantizerConfig& config, uint
     }
     // Scale and zero are rounded to their storage type first, so codes are chosen against the
     // values that dequantisation will actually use.
-    float s = round_to_metadata(std::max(mx - mn, 1e-8f) / max_code, config.metadata);
+    float s = group_scale(mn, mx, config.bits, config.metadata);
     float z = round_to_metadata(-mn / s, config.metadata);
     scale[g] = s;
     zero[g] = z;

@@ -26,6 +26,12 @@ struct QuantizerConfig {
 // Throws oscar::Error unless bits in {2,3,4}, dim > 0, G divides dim, 0 < clip_ratio <= 1.
 void validate_quantizer(const QuantizerConfig& config, int dim);
 
+// The stored scale of one group: max(mx - mn, 1e-8) / (2^bits - 1) as the spec says, except for
+// degenerate (near-constant) groups, where it is raised to max(|mn|, |mx|) * 2^-14 (fp16 metadata) so
+// that the zero point -mn/scale stays finite in 16 bits, and never rounds to 0. Identical for every
+// group whose range exceeds ~2e-4 of its magnitude. The CUDA quantise-pack kernel uses the same rule.
+float group_scale(float mn, float mx, int bits, MetadataType metadata);
+
 // Clip threshold tau of one row: idx = clamp(floor(ratio*d), 0, d-1); tau = idx-th smallest |x|.
 float clip_threshold(const float* row, int dim, float clip_ratio);
 

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "common/error.h"
@@ -129,6 +130,39 @@ TEST(Quantizer, RejectsBadConfig) {
   config.group_size = 0;
   config.bits = 5;
   EXPECT_THROW(validate_quantizer(config, 128), Error);
+}
+
+}  // namespace
+}  // namespace oscar
+
+namespace oscar {
+namespace {
+
+TEST(Quantizer, ConstantGroupsStayFinite) {
+  // A group that is constant (after clipping, or a zero sink row) must give finite metadata and
+  // reconstruct its value closely in every metadata type.
+  for (auto meta : {MetadataType::fp16, MetadataType::bf16, MetadataType::fp32})
+    for (float c : {0.0f, -1.0f, 3.5f, -250.0f}) {
+      std::vector<float> row(64, c);
+      QuantizerConfig config;
+      config.metadata = meta;
+      config.group_size = 32;
+      auto q = quantize_rows(row.data(), 1, 64, config);
+      std::vector<float> back(64);
+      dequantize_rows(q, back.data());
+      for (float s : q.scale) EXPECT_GT(s, 0.0f);
+      for (float z : q.zero) EXPECT_TRUE(std::isfinite(z));
+      // x_hat = (code - zero) * scale: the stored zero's relative precision bounds the error
+      // (bf16: 8 significant bits -> 2^-9 relative; fp16 / fp32 far below 1e-3).
+      const float tolerance = (meta == MetadataType::bf16 ? 0x1.0p-8f : 1e-3f) * std::max(1.0f, std::fabs(c));
+      for (float v : back) EXPECT_NEAR(v, c, tolerance) << metadata_type_name(meta) << " " << c;
+    }
+}
+
+TEST(Quantizer, ScaleRuleUnchangedForOrdinaryGroups) {
+  EXPECT_EQ(group_scale(-1.5f, 1.5f, 2, MetadataType::fp32), 1.0f);
+  EXPECT_EQ(group_scale(-0.75f, 0.75f, 2, MetadataType::fp16), 0.5f);
+  EXPECT_EQ(group_scale(0.0f, 15.0f, 4, MetadataType::bf16), 1.0f);
 }
 
 }  // namespace
