@@ -41,6 +41,8 @@ int main(int argc, char** argv) {
   synth->add_option("--seed", spec.seed, "Random seed")->capture_default_str();
   synth->add_option("--rope-base", spec.rope_base, "RoPE base")->capture_default_str();
   synth->add_option("--dtype", synth_dtype, "Stored dtype: float32, float16, bfloat16")->capture_default_str();
+  bool synth_raw = false;
+  synth->add_flag("--no-compress", synth_raw, "Store chunks uncompressed (faster to read, larger)");
   synth->add_option("-o,--output", synth_output, "Output dump")->required();
 
   // import
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
       d.geometry = spec.geometry;
       d.dtype = parse_storage_type(synth_dtype);
       d.model = "synthetic";
+      d.compressed = !synth_raw;
       d.provenance_json = make_provenance("oscar-capture synth", command, {}, static_cast<int64_t>(spec.seed));
       for (int s = 0; s <= spec.sequences; ++s) d.sequence_offsets.push_back(s * spec.tokens_per_sequence);
       for (int l = 0; l < spec.geometry.num_layers; ++l) d.layers.push_back(l);

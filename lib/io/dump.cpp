@@ -189,7 +189,7 @@ void DumpWriter::write_layer(const LayerActivations& layer) {
     OSCAR_CHECK(data->size() == static_cast<size_t>(tokens) * heads * g.head_dim, "layer {}: {} has {} values, expected {}",
                 layer.layer, name, data->size(), static_cast<size_t>(tokens) * heads * g.head_dim);
     std::string ds = layer_path(layer.layer, name);
-    impl_->file.create_dataset(ds, element_of(info.dtype), {tokens, heads, g.head_dim});
+    impl_->file.create_dataset(ds, element_of(info.dtype), {tokens, heads, g.head_dim}, info.compressed);
     impl_->file.write_rows(ds, 0, tokens, data->data());
   }
 }

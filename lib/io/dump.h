@@ -32,6 +32,7 @@ struct DumpInfo {
   // 0: queries stored for every token. N > 0: only the last N tokens of each sequence carry queries
   // (an evaluation dump, where queries elsewhere are never read; the other rows are zero).
   int64_t queries_kept_last = 0;
+  bool compressed = true;  // writing: shuffle + deflate chunks (the default); false stores them raw
   int64_t num_sequences() const { return static_cast<int64_t>(sequence_offsets.size()) - 1; }
 };
 
