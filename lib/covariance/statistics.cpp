@@ -71,10 +71,7 @@ static std::string layer_group(int layer) { return "/layers/" + std::to_string(l
 
 Statistics read_statistics(const std::string& path) {
   h5::File f = h5::File::open_read(path);
-  OSCAR_CHECK(f.has_attribute("/", "schema") && f.attribute_string("/", "schema") == kStatsSchema,
-              "{}: not an oscar statistics file (schema must be '{}')", path, kStatsSchema);
-  int64_t version = f.attribute_int("/", "schema_version");
-  OSCAR_CHECK(version >= 1 && version <= kStatsSchemaVersion, "{}: unsupported schema_version {}", path, version);
+  f.check_schema(kStatsSchema, kStatsSchemaVersion);
   Statistics s;
   s.geometry.num_layers = static_cast<int>(f.attribute_int("/", "num_layers"));
   s.geometry.num_q_heads = static_cast<int>(f.attribute_int("/", "num_q_heads"));
@@ -111,8 +108,7 @@ void write_statistics(const std::string& path, const Statistics& s) {
   AtomicOutputFile output(path);
   {
     h5::File f = h5::File::create(output.temporary_path());
-    f.set_attribute("/", "schema", std::string(kStatsSchema));
-    f.set_attribute("/", "schema_version", int64_t{kStatsSchemaVersion});
+    f.write_schema(kStatsSchema, kStatsSchemaVersion);
     f.set_attribute("/", "num_layers", int64_t{s.geometry.num_layers});
     f.set_attribute("/", "num_q_heads", int64_t{s.geometry.num_q_heads});
     f.set_attribute("/", "num_kv_heads", int64_t{s.geometry.num_kv_heads});

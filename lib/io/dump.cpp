@@ -158,8 +158,7 @@ DumpWriter::DumpWriter(const std::string& path, const DumpInfo& info) : impl_(st
               "{}: sequence offsets must start at 0", path);
   h5::File& f = impl_->file;
   f = h5::File::create(impl_->output.temporary_path());
-  f.set_attribute("/", "schema", std::string(kDumpSchema));
-  f.set_attribute("/", "schema_version", int64_t{kDumpSchemaVersion});
+  f.write_schema(kDumpSchema, kDumpSchemaVersion);
   f.set_attribute("/", "num_layers", int64_t{g.num_layers});
   f.set_attribute("/", "num_q_heads", int64_t{g.num_q_heads});
   f.set_attribute("/", "num_kv_heads", int64_t{g.num_kv_heads});

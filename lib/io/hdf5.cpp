@@ -297,7 +297,9 @@ static int64_t select_rows(const File& file, const std::string& dataset, hid_t s
   return per_row;
 }
 
-void File::read_rows(const std::string& dataset, int64_t first, int64_t count, float* out) const {
+// Moves rows [first, first+count) between a float32 buffer and the dataset, converting to or from
+// its element type (fp16/bf16 as raw bits, converted here with round to nearest even).
+void File::transfer_rows(const std::string& dataset, int64_t first, int64_t count, float* buffer, bool write) const {
   Element e = element(dataset);
   Handle d = open_dataset(*this, dataset);
   Handle space(H5Dget_space(d.id()), H5Sclose);
@@ -307,44 +309,46 @@ void File::read_rows(const std::string& dataset, int64_t first, int64_t count, f
   Handle memory_space = selection_shaped_space(*this, dataset, count);
   herr_t status = -1;
   if (e == Element::float32 || e == Element::float64) {
-    status = H5Dread(d.id(), H5T_NATIVE_FLOAT, memory_space.id(), space.id(), H5P_DEFAULT, out);
+    status = write ? H5Dwrite(d.id(), H5T_NATIVE_FLOAT, memory_space.id(), space.id(), H5P_DEFAULT, buffer)
+                   : H5Dread(d.id(), H5T_NATIVE_FLOAT, memory_space.id(), space.id(), H5P_DEFAULT, buffer);
   } else if (e == Element::float16 || e == Element::bfloat16) {
+    const bool half = e == Element::float16;
     std::vector<uint16_t> bits(n);
-    Handle half = half_type();
-    status = H5Dread(d.id(), e == Element::float16 ? half.id() : H5T_NATIVE_UINT16, memory_space.id(), space.id(),
-                     H5P_DEFAULT, bits.data());
-    if (e == Element::float16)
-      for (size_t i = 0; i < n; ++i) out[i] = fp16_to_float(bits[i]);
-    else
-      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(bits[i]);
+    Handle half_file_type = half_type();
+    const hid_t memory_type = half ? half_file_type.id() : H5T_NATIVE_UINT16;
+    if (write) {
+      for (size_t i = 0; i < n; ++i) bits[i] = half ? float_to_fp16(buffer[i]) : float_to_bf16(buffer[i]);
+      status = H5Dwrite(d.id(), memory_type, memory_space.id(), space.id(), H5P_DEFAULT, bits.data());
+    } else {
+      status = H5Dread(d.id(), memory_type, memory_space.id(), space.id(), H5P_DEFAULT, bits.data());
+      for (size_t i = 0; i < n; ++i) buffer[i] = half ? fp16_to_float(bits[i]) : bf16_to_float(bits[i]);
+    }
   } else {
     fail("{}: dataset '{}' holds {} where floating-point activations are expected", path_, dataset, element_name(e));
   }
-  OSCAR_CHECK(status >= 0, "{}: cannot read rows [{}, {}) of '{}' (truncated or corrupt file)", path_, first,
-              first + count, dataset);
+  OSCAR_CHECK(status >= 0, "{}: cannot {} rows [{}, {}) of '{}'{}", path_, write ? "write" : "read", first,
+              first + count, dataset, write ? "" : " (truncated or corrupt file)");
+}
+
+void File::read_rows(const std::string& dataset, int64_t first, int64_t count, float* out) const {
+  transfer_rows(dataset, first, count, out, false);
 }
 
 void File::write_rows(const std::string& dataset, int64_t first, int64_t count, const float* data) {
-  Element e = element(dataset);
-  Handle d = open_dataset(*this, dataset);
-  Handle space(H5Dget_space(d.id()), H5Sclose);
-  int64_t per_row = select_rows(*this, dataset, space.id(), first, count);
-  const size_t n = static_cast<size_t>(per_row * count);
-  if (n == 0) return;
-  Handle memory_space = selection_shaped_space(*this, dataset, count);
-  herr_t status = -1;
-  if (e == Element::float32 || e == Element::float64) {
-    status = H5Dwrite(d.id(), H5T_NATIVE_FLOAT, memory_space.id(), space.id(), H5P_DEFAULT, data);
-  } else if (e == Element::float16 || e == Element::bfloat16) {
-    std::vector<uint16_t> bits(n);
-    for (size_t i = 0; i < n; ++i) bits[i] = e == Element::float16 ? float_to_fp16(data[i]) : float_to_bf16(data[i]);
-    Handle half = half_type();
-    status = H5Dwrite(d.id(), e == Element::float16 ? half.id() : H5T_NATIVE_UINT16, memory_space.id(), space.id(),
-                      H5P_DEFAULT, bits.data());
-  } else {
-    fail("{}: cannot write floats into '{}' ({})", path_, dataset, element_name(e));
-  }
-  OSCAR_CHECK(status >= 0, "{}: cannot write rows of '{}'", path_, dataset);
+  transfer_rows(dataset, first, count, const_cast<float*>(data), true);  // not written to when writing
+}
+
+void File::write_schema(const std::string& schema, int64_t version) {
+  set_attribute("/", "schema", schema);
+  set_attribute("/", "schema_version", version);
+}
+
+void File::check_schema(const std::string& schema, int64_t max_version) const {
+  OSCAR_CHECK(has_attribute("/", "schema") && attribute_string("/", "schema") == schema,
+              "{}: not an {} file (the root attribute 'schema' must be '{}')", path_, schema, schema);
+  const int64_t version = attribute_int("/", "schema_version");
+  OSCAR_CHECK(version >= 1 && version <= max_version, "{}: unsupported schema_version {} (this tool reads <= {})",
+              path_, version, max_version);
 }
 
 std::vector<double> File::read_doubles(const std::string& dataset) const {

@@ -63,6 +63,10 @@ class File {
   void set_attribute(const std::string& object, const std::string& name, int64_t value);
   void set_attribute(const std::string& object, const std::string& name, double value);
 
+  // Root attributes schema / schema_version of our formats; check fails with one line naming the file.
+  void write_schema(const std::string& schema, int64_t version);
+  void check_schema(const std::string& schema, int64_t max_version) const;
+
   // Datasets.
   std::vector<int64_t> shape(const std::string& dataset) const;
   Element element(const std::string& dataset) const;  // bfloat16 = uint16 with attribute dtype="bfloat16"
@@ -84,6 +88,7 @@ class File {
  private:
   Handle handle_;
   std::string path_;
+  void transfer_rows(const std::string& dataset, int64_t first, int64_t count, float* buffer, bool write) const;
   void write_whole(const std::string& dataset, const std::vector<int64_t>& shape, hid_t file_type, hid_t memory_type,
                    const void* data);
 };

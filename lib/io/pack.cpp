@@ -24,10 +24,7 @@ static std::string side_group(int layer, const char* side) {
 
 Pack read_pack(const std::string& path) {
   h5::File f = h5::File::open_read(path);
-  OSCAR_CHECK(f.has_attribute("/", "schema") && f.attribute_string("/", "schema") == kPackSchema,
-              "{}: not an oscar pack (schema must be '{}')", path, kPackSchema);
-  int64_t version = f.attribute_int("/", "schema_version");
-  OSCAR_CHECK(version >= 1 && version <= kPackSchemaVersion, "{}: unsupported schema_version {}", path, version);
+  f.check_schema(kPackSchema, kPackSchemaVersion);
   Pack p;
   p.num_layers = static_cast<int>(f.attribute_int("/", "num_layers"));
   p.num_kv_heads = static_cast<int>(f.attribute_int("/", "num_kv_heads"));
@@ -77,8 +74,7 @@ void write_pack(const std::string& path, const Pack& p) {
   AtomicOutputFile output(path);
   {
     h5::File f = h5::File::create(output.temporary_path());
-    f.set_attribute("/", "schema", std::string(kPackSchema));
-    f.set_attribute("/", "schema_version", int64_t{kPackSchemaVersion});
+    f.write_schema(kPackSchema, kPackSchemaVersion);
     f.set_attribute("/", "num_layers", int64_t{p.num_layers});
     f.set_attribute("/", "num_kv_heads", int64_t{p.num_kv_heads});
     f.set_attribute("/", "head_dim", int64_t{p.head_dim});
