@@ -1,6 +1,6 @@
-// Rotate-clip-quantise-pack kernels (see quantize_pack.h). Without a rotation and with the clip
-// threshold among the 16 largest magnitudes (clip ratio >= 1 - 16/d): one thread per row (below).
-// Otherwise: CTA = 8 warps, 32 rows. With a rotation the
+// Rotate-clip-quantise-pack kernels (see quantize_pack.h). With the clip threshold among the 16
+// largest magnitudes (clip ratio >= 1 - 16/d): one thread per row (below), x.R (if any) on tensor
+// cores first. Otherwise: CTA = 8 warps, 32 rows. With a rotation the
 // CTA first computes its [32, d] tile of x.R through shared memory (fp32 FMA); then each warp
 // quantises 4 rows: a lane holds channels lane + 32k. The clip threshold is found exactly by removing
 // extremes one at a time; every division and addition uses the _rn intrinsics (the library is built
@@ -25,6 +25,20 @@ __device__ __forceinline__ float round_metadata(float x, MetadataRounding type) 
   if (type == MetadataRounding::fp16) return __half2float(__float2half_rn(x));
   if (type == MetadataRounding::bf16) return __bfloat162float(__float2bfloat16_rn(x));
   return x;
+}
+// oscar::group_scale for 2 bits: max(range, 1e-8) / 3, at least |x|max * 2^-14 (fp16) or 2^-100
+// (bf16, fp32) so that degenerate (constant) rows keep a finite zero point; rounded to the metadata
+// type; 0 becomes the smallest stored value. (The floor product is an exact power-of-two scaling;
+// where it is subnormal and flushed, the 1e-8 / 3 term is larger anyway.)
+__device__ __forceinline__ float group_scale(float mn, float mx, MetadataRounding type) {
+  float range = __fsub_rn(mx, mn);
+  range = range < 1e-8f ? 1e-8f : range;
+  const float by_range = __fdiv_rn(range, 3.0f);
+  const float magnitude = fmaxf(fabsf(mn), fabsf(mx));
+  const float floor_value = __fmul_rn(magnitude, type == MetadataRounding::fp16 ? 0x1.0p-14f : 0x1.0p-100f);
+  float s = round_metadata(by_range < floor_value ? floor_value : by_range, type);
+  if (s == 0.0f) s = type == MetadataRounding::fp16 ? 0x1.0p-24f : 0x1.0p-126f;
+  return s;
 }
 // std::min / std::max semantics: keep the first argument on ties.
 __device__ __forceinline__ float first_min(float a, float b) { return b < a ? b : a; }
@@ -78,9 +92,7 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
     mn = first_min(mn, __shfl_xor_sync(0xffffffffu, mn, off));
     mx = first_max(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   }
-  float range = __fsub_rn(mx, mn);
-  range = range < 1e-8f ? 1e-8f : range;
-  const float scale = round_metadata(__fdiv_rn(range, 3.0f), p.metadata);
+  const float scale = group_scale(mn, mx, p.metadata);
   const float zero = round_metadata(__fdiv_rn(-mn, scale), p.metadata);
   unsigned code[NV];
 #pragma unroll
@@ -182,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) quantize_pack_kernel(const QuantizeP
   }
 }
 
-// ---------------------------------------------------------------- thread-per-row path (no rotation)
+// ---------------------------------------------------------------- thread-per-row path
 // CTA = 64 threads = 64 rows. The [64, d] tile is copied into shared memory with cp.async (rows padded
 // by 16 bytes: conflict-free 16-byte reads when each thread walks its own row); then each thread
 // quantises its row in two passes over it: (1) min, max and tau = the K-th largest |x| (K = d - idx
@@ -201,20 +213,10 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
+// Quantises row `row` of the batch from its fp32 values x[0..D) in shared memory (thread per row).
 template <int D, int KMAX>
-__global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const QuantizePackParams p, int k_top) {
-  constexpr int Q = D / 4, XS = D + 4;
-  extern __shared__ __align__(16) float tile[];  // [64][D + 4]
-  const long row0 = (long)blockIdx.x * kRowThreads;
-  const int rows = (int)min((long)kRowThreads, p.rows - row0);
-  for (int i = threadIdx.x; i < rows * (D / 4); i += kRowThreads) {
-    const int r = i / (D / 4), c = i % (D / 4);
-    cp_async16(tile + r * XS + 4 * c, p.input + (row0 + r) * D + 4 * c);
-  }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-  __syncthreads();
-  if ((int)threadIdx.x >= rows) return;
-  const float* x = tile + threadIdx.x * XS;
+__device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p, const float* x, long row, int k_top) {
+  constexpr int Q = D / 4;
   // (1) min / max of the row and, when clipping, the top-KMAX magnitudes (descending; -1 = empty) by
   // a branch-free insertion (the 32 rows of a warp would diverge anyway): 2 KMAX + 2 ops per value.
   float tau = INFINITY, lo = x[0], hi = x[0];
@@ -248,9 +250,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const Quanti
     mn = mx = clip(x[0]);
     for (int c = 1; c < D; ++c) mn = first_min(mn, clip(x[c])), mx = first_max(mx, clip(x[c]));
   }
-  float range = __fsub_rn(mx, mn);
-  range = range < 1e-8f ? 1e-8f : range;
-  const float scale = round_metadata(__fdiv_rn(range, 3.0f), p.metadata);
+  const float scale = group_scale(mn, mx, p.metadata);
   const float zero = round_metadata(__fdiv_rn(-mn, scale), p.metadata);
   // (3) codes: v / scale correctly rounded without a division per value (Markstein: with r = RN(1/s)
   // and q0 = RN(v r), q0 + (v - q0 s) r rounds to RN(v / s)); channel c -> byte c % Q, bits 2 (c / Q).
@@ -273,7 +273,6 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const Quanti
       packed[byte / 4] += (uint32_t)code << (8 * (byte % 4) + 2 * (ch / Q));
     }
   }
-  const long row = row0 + threadIdx.x;
   const long dst = p.destination_rows ? p.destination_rows[row] : row;
   uint8_t* out = p.codes + dst * Q;
 #pragma unroll
@@ -282,6 +281,122 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const Quanti
   float* meta = p.metadata_out + dst * p.metadata_stride + p.metadata_offset;
   meta[0] = scale;
   meta[1] = zero;
+}
+
+template <int D, int KMAX>
+__global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const QuantizePackParams p, int k_top) {
+  constexpr int XS = D + 4;
+  extern __shared__ __align__(16) float tile[];  // [64][D + 4]
+  const long row0 = (long)blockIdx.x * kRowThreads;
+  const int rows = (int)min((long)kRowThreads, p.rows - row0);
+  for (int i = threadIdx.x; i < rows * (D / 4); i += kRowThreads) {
+    const int r = i / (D / 4), c = i % (D / 4);
+    cp_async16(tile + r * XS + 4 * c, p.input + (row0 + r) * D + 4 * c);
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncthreads();
+  if ((int)threadIdx.x >= rows) return;
+  quantize_row_thread<D, KMAX>(p, tile + threadIdx.x * XS, row0 + threadIdx.x, k_top);
+}
+
+// ---------------------------------------------------------------- rotated path on tensor cores
+// CTA = D/32 warps, 64 rows. The [64, d] input tile goes to shared memory (cp.async); x.R is computed
+// with mma.sync m16n8k8 TF32 in the 3xTF32 form (a = a_hi + a_lo, both TF32, see split_tf32:
+// a_hi b_hi + a_hi b_lo + a_lo b_hi, fp32 accumulation; products within ~2^-20 relative, the
+// a_lo b_lo term is below that), R streamed through shared memory in chunks of 32 k-rows. Warp w owns output
+// columns [32 w, 32 w + 32) of all 64 rows: 4 m-tiles x 4 n-tiles, 64 fp32 accumulators per lane.
+// The result overwrites the tile and threads 0..63 quantise one row each (quantize_row_thread).
+constexpr int kRotKChunk = 32;
+
+template <int D>
+constexpr int rot_smem_bytes() {
+  return (kRowThreads * (D + 4) + kRotKChunk * (D + 8)) * (int)sizeof(float);
+}
+
+// x = hi + lo: hi = x truncated to TF32 (exact), lo = x - hi (exact in fp32, |lo| < 2^-10 |x|); the
+// mma reads lo's top 19 bits (the low 13 are ignored), so hi + lo(TF32) is within 2^-20 |x| of x.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(__fsub_rn(x, __uint_as_float(hi)));
+}
+
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int D, int KMAX>
+__global__ void __launch_bounds__(D) quantize_rows_rotated_kernel(const QuantizePackParams p, int k_top) {
+  constexpr int XS = D + 4, RS = D + 8, THREADS = D;
+  extern __shared__ __align__(16) float smem[];
+  float* tile = smem;                        // [64][D + 4]: x, then x.R
+  float* rs = smem + kRowThreads * XS;       // [32][D + 8]: rows k0..k0+31 of R
+  const long row0 = (long)blockIdx.x * kRowThreads;
+  const int rows = (int)min((long)kRowThreads, p.rows - row0);
+  for (int i = threadIdx.x; i < kRowThreads * (D / 4); i += THREADS) {
+    const int r = i / (D / 4), c = i % (D / 4);
+    if (r < rows) cp_async16(tile + r * XS + 4 * c, p.input + (row0 + r) * D + 4 * c);
+    else *reinterpret_cast<float4*>(tile + r * XS + 4 * c) = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int n_base = warp * 32;
+  float acc[4][4][4];  // [m-tile][n-tile][fragment]
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
+  for (int k0 = 0; k0 < D; k0 += kRotKChunk) {
+    __syncthreads();  // previous chunk consumed
+    for (int i = threadIdx.x; i < kRotKChunk * (D / 4); i += THREADS) {
+      const int r = i / (D / 4), c = i % (D / 4);
+      cp_async16(rs + r * RS + 4 * c, p.rotation + (size_t)(k0 + r) * D + 4 * c);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kRotKChunk; kk += 8) {
+      uint32_t a_hi[4][4], a_lo[4][4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const float* a = tile + (16 * m + g) * XS + k0 + kk + t;
+        split_tf32(a[0], a_hi[m][0], a_lo[m][0]);           // (g, t)
+        split_tf32(a[8 * XS], a_hi[m][1], a_lo[m][1]);      // (g + 8, t)
+        split_tf32(a[4], a_hi[m][2], a_lo[m][2]);           // (g, t + 4)
+        split_tf32(a[8 * XS + 4], a_hi[m][3], a_lo[m][3]);  // (g + 8, t + 4)
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const float* b = rs + (kk + t) * RS + n_base + 8 * n + g;
+        uint32_t b0_hi, b0_lo, b1_hi, b1_lo;
+        split_tf32(b[0], b0_hi, b0_lo);       // (k = t, n = g)
+        split_tf32(b[4 * RS], b1_hi, b1_lo);  // (k = t + 4, n = g)
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          mma_tf32(acc[m][n], a_lo[m], b0_hi, b1_hi);
+          mma_tf32(acc[m][n], a_hi[m], b0_lo, b1_lo);
+          mma_tf32(acc[m][n], a_hi[m], b0_hi, b1_hi);
+        }
+      }
+    }
+  }
+  __syncthreads();  // all warps done reading x
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      float* c = tile + (16 * m + g) * XS + n_base + 8 * n + 2 * t;
+      *reinterpret_cast<float2*>(c) = make_float2(acc[m][n][0], acc[m][n][1]);
+      *reinterpret_cast<float2*>(c + 8 * XS) = make_float2(acc[m][n][2], acc[m][n][3]);
+    }
+  __syncthreads();
+  if ((int)threadIdx.x >= rows) return;
+  quantize_row_thread<D, KMAX>(p, tile + threadIdx.x * XS, row0 + threadIdx.x, k_top);
 }
 
 // K = number of magnitudes at or above the clip threshold (0: no clipping).
@@ -294,13 +409,23 @@ int clip_top_count(float clip_ratio, int d) {
 
 template <int D, int KMAX>
 void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
+  const unsigned blocks = (unsigned)((p.rows + kRowThreads - 1) / kRowThreads);
+  if (p.rotation) {
+    static const bool configured = [] {
+      cudaFuncSetAttribute(quantize_rows_rotated_kernel<D, KMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           rot_smem_bytes<D>());
+      return true;
+    }();
+    (void)configured;
+    quantize_rows_rotated_kernel<D, KMAX><<<blocks, D, rot_smem_bytes<D>(), stream>>>(p, k_top);
+    return;
+  }
   static const bool configured = [] {
     cudaFuncSetAttribute(quantize_rows_kernel<D, KMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          row_tile_bytes<D>());
     return true;
   }();
   (void)configured;
-  const unsigned blocks = (unsigned)((p.rows + kRowThreads - 1) / kRowThreads);
   quantize_rows_kernel<D, KMAX><<<blocks, kRowThreads, row_tile_bytes<D>(), stream>>>(p, k_top);
 }
 
@@ -310,6 +435,7 @@ template <int D>
 bool launch_rows_fast(const QuantizePackParams& p, cudaStream_t stream) {
   const int k = clip_top_count(p.clip_ratio, D);
   if (reinterpret_cast<uintptr_t>(p.input) % 16 != 0 || reinterpret_cast<uintptr_t>(p.codes) % 16 != 0) return false;
+  if (p.rotation && reinterpret_cast<uintptr_t>(p.rotation) % 16 != 0) return false;
   if (k == 0) launch_rows<D, 0>(p, 0, stream);
   else if (k <= 4) launch_rows<D, 4>(p, k, stream);
   else if (k <= 6) launch_rows<D, 6>(p, k, stream);
@@ -326,11 +452,12 @@ void require(bool ok, const std::string& message) {
 template <int D>
 void launch_dim(const QuantizePackParams& p, cudaStream_t stream) {
   const unsigned blocks = (unsigned)((p.rows + kRowsPerCta - 1) / kRowsPerCta);
+  if (launch_rows_fast<D>(p, stream)) return;  // thread per row (with x.R on tensor cores when rotating)
   if (p.rotation) {
     const int smem = (kRowsPerCta * (D + 4) + kChunk * D) * (int)sizeof(float);
     cudaFuncSetAttribute(quantize_pack_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     quantize_pack_kernel<D, true><<<blocks, kThreads, smem, stream>>>(p);
-  } else if (!launch_rows_fast<D>(p, stream)) {
+  } else {
     quantize_pack_kernel<D, false><<<blocks, kThreads, 0, stream>>>(p);
   }
 }
