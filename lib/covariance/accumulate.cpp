@@ -11,7 +11,6 @@
 #include <thread>
 
 #include <cblas.h>
-#include <malloc.h>
 
 #include "cli/progress.h"
 #include "common/error.h"
@@ -140,10 +139,6 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
   const int d = geometry.head_dim, hq = geometry.num_q_heads, hkv = geometry.num_kv_heads, g = geometry.group_size();
   const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   openblas_set_num_threads(1);  // parallelism is across KV heads; BLAS calls stay single-threaded
-  // Blocks are tens of MB: keep freed blocks in the heap for the next one instead of returning them to
-  // the kernel (which would page-fault and zero them again on every block).
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   const size_t dd = static_cast<size_t>(d) * d;
 
   // Work in token units: 2 streaming passes (+1 for scores) per layer per dump.
