@@ -321,7 +321,7 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) 
 }
 
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(  // not volatile: a pure function of its operands, free to be scheduled
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -370,19 +370,26 @@ __global__ void __launch_bounds__(D) quantize_rows_rotated_kernel(const Quantize
         split_tf32(a[4], a_hi[m][2], a_lo[m][2]);           // (g, t + 4)
         split_tf32(a[8 * XS + 4], a_hi[m][3], a_lo[m][3]);  // (g + 8, t + 4)
       }
+      uint32_t b_hi[4][2], b_lo[4][2];
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
         const float* b = rs + (kk + t) * RS + n_base + 8 * n + g;
-        uint32_t b0_hi, b0_lo, b1_hi, b1_lo;
-        split_tf32(b[0], b0_hi, b0_lo);       // (k = t, n = g)
-        split_tf32(b[4 * RS], b1_hi, b1_lo);  // (k = t + 4, n = g)
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          mma_tf32(acc[m][n], a_lo[m], b0_hi, b1_hi);
-          mma_tf32(acc[m][n], a_hi[m], b0_lo, b1_lo);
-          mma_tf32(acc[m][n], a_hi[m], b0_hi, b1_hi);
-        }
+        split_tf32(b[0], b_hi[n][0], b_lo[n][0]);       // (k = t, n = g)
+        split_tf32(b[4 * RS], b_hi[n][1], b_lo[n][1]);  // (k = t + 4, n = g)
       }
+      // Three passes over the 16 tiles: consecutive mma are independent (no accumulator chains).
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int m = 0; m < 4; ++m) mma_tf32(acc[m][n], a_lo[m], b_hi[n][0], b_hi[n][1]);
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int m = 0; m < 4; ++m) mma_tf32(acc[m][n], a_hi[m], b_lo[n][0], b_lo[n][1]);
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int m = 0; m < 4; ++m) mma_tf32(acc[m][n], a_hi[m], b_hi[n][0], b_hi[n][1]);
     }
   }
   __syncthreads();  // all warps done reading x
