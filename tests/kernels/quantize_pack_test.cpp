@@ -1,6 +1,7 @@
 // GPU rotate-clip-quantise-pack against the CPU quantiser: codes and metadata bit-identical on
-// already-rotated rows (identity rotation); with a rotation, x.R differs from the CPU by float
-// summation order only, so codes may move by one step where a value sits on a rounding boundary.
+// already-rotated rows (no rotation); with a rotation, x.R differs from the CPU by float summation
+// order and, on the tensor-core path (3xTF32), by ~2^-20 relative per product, so codes may move by
+// one step where a value sits on a rounding boundary.
 #include <gtest/gtest.h>
 
 #include <cstring>
