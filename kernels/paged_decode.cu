@@ -57,9 +57,12 @@ __device__ __forceinline__ uint32_t transpose_8x8_b16(uint32_t v) {
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(v));
   return r;
 }
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+// 16-byte cp.async to a shared-window address, skipped (no branch) when !pred.
+__device__ __forceinline__ void cp_async16_if(uint32_t smem, const void* gmem, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(smem),
+      "l"(gmem), "r"((int)pred)
+      : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -205,26 +208,32 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       pg[t] = tok < t_end ? __ldg(table + (tok >> page_shift)) : 0;
     }
   };
+  // Copy addresses: per-lane source bases and the shared-window ring address are computed once, so a
+  // tile costs one 64-bit multiply-add per 16-byte copy; copies past t_end are predicated off.
+  constexpr int CPY = 2 * Q / 32;  // 16-byte code chunks per lane per tile (K codes [0, Q), V codes [Q, 2Q))
+  static_assert(CPY >= 1 && (Q >= 32 || Q == 16), "chunk split");
+  const uint8_t* cbase[CPY];
+#pragma unroll
+  for (int j = 0; j < CPY; ++j) {
+    const int c = 32 * j + lane;
+    cbase[j] = c < Q ? p.key_codes + c * 16 : p.value_codes + (c - Q) * 16;
+  }
+  const uint8_t* mbase = reinterpret_cast<const uint8_t*>(p.int2_metadata) + (lane & 15) * 16;
+  const bool meta_lane = lane < 16;
+  const uint32_t page_rows = (uint32_t)p.num_kv_heads * (uint32_t)P, kv_rows = (uint32_t)kv * (uint32_t)P;
+  const uint32_t ring_lane = static_cast<uint32_t>(__cvta_generic_to_shared(wring)) + lane * 16;
   auto issue = [&](int k, const int (&pg)[TILES]) {
-    uint8_t* buf = wring + (k % STAGES) * (TILES * G::TILE_BYTES);
+    const uint32_t sbuf = ring_lane + (k % STAGES) * (TILES * G::TILE_BYTES);
 #pragma unroll
     for (int t = 0; t < TILES; ++t) {
       const int tok = tile_start(k, t);
-      if (tok < t_end) {
-        // 32-bit row index (pools hold < 2^32 rows, checked on the host); 64-bit byte offsets.
-        const uint32_t row = ((uint32_t)pg[t] * (uint32_t)p.num_kv_heads + kv) * (uint32_t)P + (tok & (P - 1));
-        const size_t code_off = (size_t)row * Q;
-        uint8_t* tb = buf + t * G::TILE_BYTES;
+      const bool live = tok < t_end;
+      // 32-bit row index (pools hold < 2^32 rows, checked on the host); 64-bit byte offsets.
+      const uint32_t row = (uint32_t)pg[t] * page_rows + kv_rows + (uint32_t)(tok & (P - 1));
+      const uint32_t tb = sbuf + t * G::TILE_BYTES;
 #pragma unroll
-        for (int c0 = 0; c0 < 2 * Q; c0 += 32) {
-          const int c = c0 + lane;  // 16-byte chunk: K codes [0, Q), V codes [Q, 2Q)
-          const uint8_t* src = c < Q ? p.key_codes + code_off + c * 16 : p.value_codes + code_off + (c - Q) * 16;
-          cp_async16(tb + c * 16, src);
-        }
-        if (lane < 16)
-          cp_async16(tb + 32 * Q + lane * 16,
-                     reinterpret_cast<const uint8_t*>(p.int2_metadata) + (size_t)row * 16 + lane * 16);
-      }
+      for (int j = 0; j < CPY; ++j) cp_async16_if(tb + j * 512, cbase[j] + (size_t)row * Q, live);
+      cp_async16_if(tb + 32 * Q, mbase + (size_t)row * 16, live && meta_lane);
     }
   };
 
