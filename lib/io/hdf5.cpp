@@ -378,35 +378,30 @@ void File::check_schema(const std::string& schema, int64_t max_version) const {
               path_, version, max_version);
 }
 
-std::vector<double> File::read_doubles(const std::string& dataset) const {
-  Handle d = open_dataset(*this, dataset);
-  auto dims = shape(dataset);
+// A whole dataset read into memory type `memory_type`; `accepts` says which stored elements convert.
+template <typename T>
+static std::vector<T> read_whole(const File& file, const std::string& dataset, hid_t memory_type,
+                                 bool (*accepts)(Element), const char* expected) {
+  auto dims = file.shape(dataset);
   size_t n = 1;
   for (auto x : dims) n *= static_cast<size_t>(x);
-  std::vector<double> values(n);
-  if (n) {
-    Element e = element(dataset);
-    OSCAR_CHECK(e == Element::float32 || e == Element::float64, "{}: dataset '{}' is {}, expected floating point",
-                path_, dataset, element_name(e));
-    OSCAR_CHECK(H5Dread(d.id(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0,
-                "{}: cannot read '{}' (truncated or corrupt file)", path_, dataset);
-  }
+  std::vector<T> values(n);
+  if (n == 0) return values;
+  const Element e = file.element(dataset);
+  OSCAR_CHECK(accepts(e), "{}: dataset '{}' is {}, expected {}", file.path(), dataset, element_name(e), expected);
+  Handle d = open_dataset(file, dataset);
+  OSCAR_CHECK(H5Dread(d.id(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0,
+              "{}: cannot read '{}' (truncated or corrupt file)", file.path(), dataset);
   return values;
 }
 
+std::vector<double> File::read_doubles(const std::string& dataset) const {
+  return read_whole<double>(*this, dataset, H5T_NATIVE_DOUBLE,
+                            [](Element e) { return e == Element::float32 || e == Element::float64; }, "floating point");
+}
+
 std::vector<int64_t> File::read_ints(const std::string& dataset) const {
-  Handle d = open_dataset(*this, dataset);
-  auto dims = shape(dataset);
-  size_t n = 1;
-  for (auto x : dims) n *= static_cast<size_t>(x);
-  std::vector<int64_t> values(n);
-  if (n) {
-    Element e = element(dataset);
-    OSCAR_CHECK(e == Element::int64, "{}: dataset '{}' is {}, expected int64", path_, dataset, element_name(e));
-    OSCAR_CHECK(H5Dread(d.id(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0,
-                "{}: cannot read '{}' (truncated or corrupt file)", path_, dataset);
-  }
-  return values;
+  return read_whole<int64_t>(*this, dataset, H5T_NATIVE_INT64, [](Element e) { return e == Element::int64; }, "int64");
 }
 
 void File::write_whole(const std::string& dataset, const std::vector<int64_t>& shape, hid_t file_type,
