@@ -51,15 +51,9 @@ OUT=${OUT:-$BUILD/sweeps}
 BIN=$BUILD/bin
 mkdir -p "$OUT"
 
-if [ ! -x "$BIN/oscar-eval" ]; then
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSCAR_ENABLE_CUDA=OFF >/dev/null
-  cmake --build "$BUILD" -j"$(nproc)" --target oscar-capture oscar-covariance oscar-calibrate oscar-eval
-fi
-
-run() {  # echo the command, then run it
-  echo "+ $*" >&2
-  "$@"
-}
+# shellcheck source=examples/sweep_common.sh
+source "$ROOT/examples/sweep_common.sh"
+ensure_tools "$BUILD"
 want() {  # want NAME: false when --skip-existing and OUT/NAME.csv exists
   [ $SKIP_EXISTING = 0 ] || [ ! -s "$OUT/$1.csv" ]
 }

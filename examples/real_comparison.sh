@@ -30,7 +30,9 @@ done
 OUT=${OUT:-$BUILD/real}
 BIN=$BUILD/bin
 mkdir -p "$OUT"
-run() { echo "+ $*" >&2; "$@"; }
+# shellcheck source=examples/sweep_common.sh
+source examples/sweep_common.sh
+ensure_tools "$BUILD"
 LAST=${CONTEXTS##*,}
 
 run "$BIN/oscar-covariance" -q -o "$OUT/stats.h5" --layers "$LAYERS" "$CALIB"
