@@ -142,9 +142,9 @@ int main(int argc, char** argv) {
       table.fields = {"layer", "key_clip", "value_clip", "key_orthogonality", "value_orthogonality", "key_top_share",
                       "value_top_share", "key_condition", "value_condition"};
       for (const auto& r : report)
-        table.add_row({static_cast<long>(r.layer), static_cast<double>(r.key_clip), static_cast<double>(r.value_clip),
-                       r.key_orthogonality, r.value_orthogonality, r.key_top_share, r.value_top_share, r.key_condition,
-                       r.value_condition});
+        table.add_row({static_cast<long>(r.layer), static_cast<double>(r.key.clip), static_cast<double>(r.value.clip),
+                       r.key.orthogonality, r.value.orthogonality, r.key.top_share, r.value.top_share, r.key.condition,
+                       r.value.condition});
       std::fprintf(stderr, "%s", render_report(table, ReportFormat::markdown).c_str());
       std::fprintf(stderr, "wrote %s\n", common.output.c_str());
     }

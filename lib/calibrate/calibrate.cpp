@@ -44,7 +44,7 @@ MatrixD reconstruction_error(const std::vector<float>& rows, int d, const float*
 struct SideResult {
   std::vector<float> rotation;
   std::vector<double> eigenvalues, eigenvectors;
-  double orthogonality = 0, top_share = 0, condition = 0;
+  SideCalibrationSummary summary;
 };
 
 SideResult build_side(const Statistics& stats, int layer, Target target, const std::string& composition,
@@ -61,13 +61,13 @@ SideResult build_side(const Statistics& stats, int layer, Target target, const s
     for (int i = 0; i < d * d; ++i) side.eigenvectors.push_back(basis.vectors.data()[i]);
     Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> stored(
         side.rotation.data() + static_cast<size_t>(h) * d * d, d, d);
-    side.orthogonality = std::max(side.orthogonality, orthogonality_error(stored.cast<double>()));
+    side.summary.orthogonality = std::max(side.summary.orthogonality, orthogonality_error(stored.cast<double>()));
     const double trace = basis.eigenvalues.sum(), top = basis.eigenvalues[d - 1];
     double smallest = std::numeric_limits<double>::infinity();
     for (int i = 0; i < d; ++i)
       if (basis.eigenvalues[i] > 1e-12 * top) smallest = std::min(smallest, basis.eigenvalues[i]);
-    side.top_share = std::max(side.top_share, trace > 0 ? top / trace : 0.0);
-    side.condition = std::max(side.condition, top / smallest);
+    side.summary.top_share = std::max(side.summary.top_share, trace > 0 ? top / trace : 0.0);
+    side.summary.condition = std::max(side.summary.condition, top / smallest);
   }
   return side;
 }
@@ -134,12 +134,8 @@ Pack calibrate_pack(const Statistics& stats, const CalibrateOptions& options,
     SideResult value = build_side(stats, ls.layer, value_target, options.composition, options.scope);
     LayerCalibrationReport r;
     r.layer = ls.layer;
-    r.key_orthogonality = key.orthogonality;
-    r.value_orthogonality = value.orthogonality;
-    r.key_top_share = key.top_share;
-    r.value_top_share = value.top_share;
-    r.key_condition = key.condition;
-    r.value_condition = value.condition;
+    r.key = key.summary;
+    r.value = value.summary;
     lp.key.clip_ratio = options.key_clip;
     lp.value.clip_ratio = options.value_clip;
     lp.key.rotation = std::move(key.rotation);
@@ -215,11 +211,11 @@ Pack calibrate_pack(const Statistics& stats, const CalibrateOptions& options,
       lp.key.clip_ratio = grid[best_key];
       lp.value.clip_ratio = grid[best_value];
       r.fit_grid = grid;
-      r.key_fit_error = grid_key;
-      r.value_fit_error = grid_value;
+      r.key.fit_error = grid_key;
+      r.value.fit_error = grid_value;
     }
-    r.key_clip = lp.key.clip_ratio;
-    r.value_clip = lp.value.clip_ratio;
+    r.key.clip = lp.key.clip_ratio;
+    r.value.clip = lp.value.clip_ratio;
     if (report) report->push_back(r);
     pack.layers.push_back(std::move(lp));
     progress.advance(1);

@@ -29,15 +29,19 @@ struct CalibrateOptions {
   bool quiet = false;
 };
 
-// Per-layer record of what calibration found (printed by oscar-calibrate).
+// What calibration found for the key or value side of one layer (printed by oscar-calibrate).
+struct SideCalibrationSummary {
+  double orthogonality = 0;      // max |R^T R - I| of the stored float32 rotations
+  double top_share = 0;          // largest eigenvalue / trace (anisotropy)
+  double condition = 0;          // largest / smallest positive eigenvalue
+  float clip = 0;                // chosen clip ratio
+  std::vector<double> fit_error;  // per fit_grid entry (fit only)
+};
+
 struct LayerCalibrationReport {
   int layer = 0;
-  double key_orthogonality = 0, value_orthogonality = 0;  // max |R^T R - I| of the float32 rotations
-  double key_top_share = 0, value_top_share = 0;          // largest eigenvalue / trace (anisotropy)
-  double key_condition = 0, value_condition = 0;          // largest / smallest positive eigenvalue
-  float key_clip = 0, value_clip = 0;
-  std::vector<float> fit_grid;                            // candidate ratios (fit only)
-  std::vector<double> key_fit_error, value_fit_error;     // per fit_grid entry
+  SideCalibrationSummary key, value;
+  std::vector<float> fit_grid;  // candidate ratios (fit only)
 };
 
 Pack calibrate_pack(const Statistics& stats, const CalibrateOptions& options,

@@ -131,8 +131,8 @@ TEST(Calibrate, FittedClipNeverWorseThanFixed) {
     auto index_of = [&](float ratio) { return std::find(r.fit_grid.begin(), r.fit_grid.end(), ratio) - r.fit_grid.begin(); };
     ASSERT_LT(static_cast<size_t>(index_of(0.96f)), r.fit_grid.size());
     ASSERT_LT(static_cast<size_t>(index_of(0.92f)), r.fit_grid.size());
-    EXPECT_LE(r.key_fit_error[index_of(r.key_clip)], r.key_fit_error[index_of(0.96f)]);
-    EXPECT_LE(r.value_fit_error[index_of(r.value_clip)], r.value_fit_error[index_of(0.92f)]);
+    EXPECT_LE(r.key.fit_error[index_of(r.key.clip)], r.key.fit_error[index_of(0.96f)]);
+    EXPECT_LE(r.value.fit_error[index_of(r.value.clip)], r.value.fit_error[index_of(0.92f)]);
     // Recompute the key error of the chosen and the fixed ratio independently of the fit loop.
     LayerActivations a = dump.read_layer(pack.layers[l].layer);
     std::vector<float> keys;
@@ -140,7 +140,7 @@ TEST(Calibrate, FittedClipNeverWorseThanFixed) {
       for (int c = 0; c < 64; ++c) keys.push_back(a.k[(t * 2 + 0) * 64 + c]);
     QuantizerConfig fixed, fitted;
     fixed.clip_ratio = 0.96f;
-    fitted.clip_ratio = r.key_clip;
+    fitted.clip_ratio = r.key.clip;
     MatrixD cq = stats.target_matrix(pack.layers[l].layer, Target::key_query, 0);
     const float* rotation = pack.layers[l].key.head_rotation(0, 64);
     const double e_fixed = key_quantization_error(keys, 64, rotation, cq, fixed);
