@@ -27,8 +27,10 @@ void symmetrise_upper(double* matrix, int d) {
     for (int j = 0; j < i; ++j) matrix[static_cast<size_t>(i) * d + j] = matrix[static_cast<size_t>(j) * d + i];
 }
 
+int parallel_workers(int n, int threads) { return std::max(1, std::min(threads, n)); }
+
 void parallel_for(int n, int threads, const std::function<void(int)>& fn) {
-  threads = std::max(1, std::min(threads, n));
+  threads = parallel_workers(n, threads);
   if (threads == 1) {
     for (int i = 0; i < n; ++i) fn(i);
     return;
@@ -55,19 +57,22 @@ namespace {
 
 // Reads the blocks of one layer of one dump in order, the next block in flight on a background
 // thread while the caller computes on the current one (HDF5 is only ever used by that one thread).
+// Two buffers take turns (the caller's block and the spare being filled), so after the first blocks
+// no read allocates or touches fresh pages.
 class BlockStream {
  public:
-  BlockStream(const DumpReader& reader, int layer, int64_t block_tokens, bool with_queries)
-      : reader_(reader), layer_(layer), block_(block_tokens), with_queries_(with_queries) {
+  BlockStream(const DumpReader& reader, int layer, int64_t block_tokens, bool with_queries, LayerActivations& spare)
+      : reader_(reader), layer_(layer), block_(block_tokens), with_queries_(with_queries), spare_(spare) {
     launch();
   }
   ~BlockStream() {
     if (next_.valid()) next_.wait();
   }
-  // False when the layer is exhausted.
+  // Swaps the next block into `block`; false when the layer is exhausted.
   bool next(LayerActivations& block) {
     if (!next_.valid()) return false;
-    block = next_.get();
+    next_.get();  // rethrows a read error
+    std::swap(block, spare_);
     launch();
     return true;
   }
@@ -77,13 +82,15 @@ class BlockStream {
     if (first_ >= reader_.info().tokens) return;
     const int64_t first = first_, n = std::min(block_, reader_.info().tokens - first_);
     first_ += n;
-    next_ = std::async(std::launch::async, [this, first, n] { return reader_.read_layer(layer_, first, n, with_queries_); });
+    next_ = std::async(std::launch::async,
+                       [this, first, n] { reader_.read_layer_into(spare_, layer_, first, n, with_queries_); });
   }
   const DumpReader& reader_;
   int layer_;
   int64_t block_, first_ = 0;
   bool with_queries_;
-  std::future<LayerActivations> next_;
+  LayerActivations& spare_;
+  std::future<void> next_;
 };
 
 // Rows of one KV head out of a [T, H, d] block: the g heads h*g..h*g+g-1 of each token, as float64.
@@ -145,23 +152,31 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
   const double passes = options.score_queries > 0 ? 3.0 : 2.0;
   Progress progress("accumulate", passes * stats.tokens * layers.size(), "tokens", options.quiet);
 
+  // Buffers reused for the whole run: the two blocks of the stream, and float64 rows per worker
+  // (parallel_for runs item i on worker i % workers).
+  LayerActivations block, spare;
+  const int workers = parallel_workers(hkv, threads);
+  struct Scratch {
+    std::vector<double> rows, keys, weighted_keys;
+  };
+  std::vector<Scratch> scratch(workers);
+
   for (int layer : layers) {
     LayerStatistics& ls = *const_cast<LayerStatistics*>(stats.find_layer(layer));
     // Pass 1: C_Q, K^T K, V^T V.
     for (const auto& r : readers) {
-      BlockStream stream(*r, layer, options.block_tokens, true);
-      LayerActivations a;
-      while (stream.next(a)) {
-        const int64_t n = a.tokens;
+      BlockStream stream(*r, layer, options.block_tokens, true, spare);
+      while (stream.next(block)) {
+        const int64_t n = block.tokens;
         parallel_for(hkv, threads, [&](int h) {
-          std::vector<double> rows;
-          gather_rows(a.q, n, hq, h * g, g, d, rows);
+          std::vector<double>& rows = scratch[h % workers].rows;
+          gather_rows(block.q, n, hq, h * g, g, d, rows);
           add_gram(rows.data(), n * g, d, ls.of(Target::key_query).sum.data() + h * dd);
           ls.of(Target::key_query).weight[h] += static_cast<double>(n * g);
-          gather_rows(a.k, n, hkv, h, 1, d, rows);
+          gather_rows(block.k, n, hkv, h, 1, d, rows);
           add_gram(rows.data(), n, d, ls.of(Target::key_gram).sum.data() + h * dd);
           ls.of(Target::key_gram).weight[h] += static_cast<double>(n);
-          gather_rows(a.v, n, hkv, h, 1, d, rows);
+          gather_rows(block.v, n, hkv, h, 1, d, rows);
           add_gram(rows.data(), n, d, ls.of(Target::value_gram).sum.data() + h * dd);
           ls.of(Target::value_gram).weight[h] += static_cast<double>(n);
         });
@@ -171,31 +186,47 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
     for (Target t : {Target::key_query, Target::key_gram, Target::value_gram})
       for (int h = 0; h < hkv; ++h) symmetrise_upper(ls.of(t).sum.data() + h * dd, d);
 
-    // C_Q per KV head for the proxy weights.
-    std::vector<MatrixD> query_cov(hkv);
+    // C_Q per KV head for the proxy weights (full symmetric, row-major).
+    std::vector<std::vector<double>> query_cov(hkv);
     for (int h = 0; h < hkv; ++h) {
       if (options.query_stats) {
-        query_cov[h] = options.query_stats->target_matrix(layer, Target::key_query, h);
+        const MatrixD c = options.query_stats->target_matrix(layer, Target::key_query, h);
+        query_cov[h].assign(c.data(), c.data() + dd);  // symmetric: storage order does not matter
       } else {
-        query_cov[h] = Eigen::Map<const MatrixD>(ls.of(Target::key_query).sum.data() + h * dd, d, d) /
-                       ls.of(Target::key_query).weight[h];
+        const double* sum = ls.of(Target::key_query).sum.data() + h * dd;
+        const double inverse_weight = 1.0 / ls.of(Target::key_query).weight[h];
+        query_cov[h].resize(dd);
+        for (size_t i = 0; i < dd; ++i) query_cov[h][i] = sum[i] * inverse_weight;
       }
     }
     // Pass 2: sum_t w_t v_t^T v_t with w_t = k_t C_Q k_t^T (>= 0: C_Q is positive semi-definite).
     for (const auto& r : readers) {
-      BlockStream stream(*r, layer, options.block_tokens, false);
-      LayerActivations a;
-      while (stream.next(a)) {
-        const int64_t n = a.tokens;
+      BlockStream stream(*r, layer, options.block_tokens, false, spare);
+      while (stream.next(block)) {
+        const int64_t n = block.tokens;
         parallel_for(hkv, threads, [&](int h) {
-          std::vector<double> keys, values;
-          gather_rows(a.k, n, hkv, h, 1, d, keys);
-          gather_rows(a.v, n, hkv, h, 1, d, values);
-          Eigen::Map<MatrixD> k(keys.data(), n, d), v(values.data(), n, d);
-          Eigen::VectorXd w = ((k * query_cov[h]).array() * k.array()).rowwise().sum().cwiseMax(0.0);
-          for (int64_t t = 0; t < n; ++t) v.row(t) *= std::sqrt(w[t]);
-          add_gram(values.data(), n, d, ls.of(Target::value_proxy).sum.data() + h * dd);
-          ls.of(Target::value_proxy).weight[h] += w.sum();
+          Scratch& s = scratch[h % workers];
+          gather_rows(block.k, n, hkv, h, 1, d, s.keys);
+          s.weighted_keys.resize(s.keys.size());
+          cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), d, d, 1.0, s.keys.data(), d,
+                      query_cov[h].data(), d, 0.0, s.weighted_keys.data(), d);
+          // Rows sqrt(w_t) v_t, so that their Gram matrix is the weighted sum.
+          s.rows.resize(s.keys.size());
+          double total_weight = 0;
+          for (int64_t t = 0; t < n; ++t) {
+            const double* k = s.keys.data() + t * d;
+            const double* kc = s.weighted_keys.data() + t * d;
+            double w = 0;
+            for (int c = 0; c < d; ++c) w += kc[c] * k[c];
+            w = std::max(w, 0.0);
+            total_weight += w;
+            const double root = std::sqrt(w);
+            const float* v = block.v.data() + (static_cast<size_t>(t) * hkv + h) * d;
+            double* out = s.rows.data() + t * d;
+            for (int c = 0; c < d; ++c) out[c] = root * v[c];
+          }
+          add_gram(s.rows.data(), n, d, ls.of(Target::value_proxy).sum.data() + h * dd);
+          ls.of(Target::value_proxy).weight[h] += total_weight;
         });
         progress.advance(static_cast<double>(n));
       }

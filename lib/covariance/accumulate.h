@@ -27,7 +27,10 @@ void add_gram(const double* rows, int64_t n, int d, double* sum);
 // Copies the upper triangle of a [d, d] matrix to the lower one.
 void symmetrise_upper(double* matrix, int d);
 
-// Runs fn(i) for i in [0, n) on up to `threads` threads (deterministic: each i writes its own output).
+// Runs fn(i) for i in [0, n) on parallel_workers(n, threads) threads: item i on worker
+// i % parallel_workers(n, threads), each worker's items in increasing order (so per-worker scratch
+// buffers need no locking). Deterministic: each i writes its own output.
 void parallel_for(int n, int threads, const std::function<void(int)>& fn);
+int parallel_workers(int n, int threads);
 
 }  // namespace oscar

@@ -116,29 +116,31 @@ DumpReader::~DumpReader() = default;
 int64_t DumpReader::chunk_tokens(int layer) const { return impl_->file.chunk_rows(layer_path(layer, "q")); }
 
 LayerActivations DumpReader::read_layer(int layer, int64_t first, int64_t count, bool with_queries) const {
+  LayerActivations a;
+  read_layer_into(a, layer, first, count, with_queries);
+  return a;
+}
+
+void DumpReader::read_layer_into(LayerActivations& a, int layer, int64_t first, int64_t count, bool with_queries) const {
   OSCAR_CHECK(std::find(info_.layers.begin(), info_.layers.end(), layer) != info_.layers.end(),
               "{}: layer {} is not in this dump (layers present: {})", path_, layer, fmt::join(info_.layers, ","));
   if (count < 0) count = info_.tokens - first;
   OSCAR_CHECK(first >= 0 && first + count <= info_.tokens, "{}: token range [{}, {}) outside the dump's {} tokens", path_,
               first, first + count, info_.tokens);
   const ModelGeometry& g = info_.geometry;
-  LayerActivations a;
   a.layer = layer;
   a.first_token = first;
   a.tokens = count;
-  if (with_queries) a.q.resize(static_cast<size_t>(count) * g.num_q_heads * g.head_dim);
+  // resize keeps the capacity: a buffer read into again needs no new allocation.
+  a.q.resize(with_queries ? static_cast<size_t>(count) * g.num_q_heads * g.head_dim : 0);
   a.k.resize(static_cast<size_t>(count) * g.num_kv_heads * g.head_dim);
   a.v.resize(a.k.size());
   const std::pair<const char*, std::vector<float>*> parts[] = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}};
   for (auto [name, data] : parts) {
     if (data->empty() && count > 0) continue;  // queries skipped
     std::string ds = layer_path(layer, name);
-    impl_->file.read_rows(ds, first, count, data->data());
-    // x - x is 0 for finite x and NaN for Inf/NaN: a branch-free pass the compiler vectorises; the
-    // slow search for the culprit only runs when there is one.
-    bool all_finite = true;
-    for (float x : *data) all_finite &= (x - x) == 0.0f;
-    if (!all_finite) {
+    // The reader checks finiteness on the way; the slow search for the culprit only runs when needed.
+    if (!impl_->file.read_rows(ds, first, count, data->data())) {
       const size_t per_token = data->size() / std::max<int64_t>(count, 1);
       for (size_t i = 0; i < data->size(); ++i)
         if (!std::isfinite((*data)[i]))
@@ -146,7 +148,6 @@ LayerActivations DumpReader::read_layer(int layer, int64_t first, int64_t count,
                first + static_cast<int64_t>(i / per_token));
     }
   }
-  return a;
 }
 
 struct DumpWriter::Impl {

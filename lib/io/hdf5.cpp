@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "common/error.h"
 #include "common/float16.h"
@@ -55,24 +56,52 @@ size_t element_bytes(Element e) {
 
 }  // namespace
 
-// float16 -> float32 of a whole buffer: the F16C instruction where the CPU has it (exact, like the
-// scalar conversion), else the portable bit conversion.
-#if defined(__x86_64__)
-__attribute__((target("f16c,avx"))) static void halves_to_floats_f16c(const uint16_t* in, size_t n, float* out) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
-  for (; i < n; ++i) out[i] = fp16_to_float(in[i]);
+// Widens n 16-bit floats (float16 or bfloat16) held in the first 2n bytes of `buffer` to n float32 in
+// place, so a read needs no staging buffer; returns whether all n are finite (checked on the way).
+// It runs backwards: float i overwrites halves 2i and 2i+1, which are either already converted (they
+// lie later) or in the block being converted. Bytes move by memcpy and may_alias vector loads, so no
+// strict-aliasing rule is broken.
+static bool widen_half_at(unsigned char* bytes, size_t i, bool bf16) {
+  uint16_t h;
+  std::memcpy(&h, bytes + 2 * i, sizeof h);
+  const float f = bf16 ? bf16_to_float(h) : fp16_to_float(h);
+  std::memcpy(bytes + 4 * i, &f, sizeof f);
+  return (f - f) == 0.0f;  // 0 for finite, NaN for Inf/NaN
 }
 
+#if defined(__x86_64__)
+// float16 with the F16C instruction (exact, like the scalar conversion).
+__attribute__((target("f16c,avx"))) static bool widen_fp16_f16c(unsigned char* bytes, size_t n) {
+  size_t blocks = n / 8;
+  bool finite = true;
+  for (size_t i = n; i-- > blocks * 8;) finite &= widen_half_at(bytes, i, false);
+  __m256 ok = _mm256_setzero_ps();  // accumulates x - x: stays 0 while every value is finite
+  while (blocks-- > 0) {
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 16 * blocks)));
+    _mm256_storeu_ps(reinterpret_cast<float*>(bytes + 32 * blocks), x);
+    ok = _mm256_add_ps(ok, _mm256_sub_ps(x, x));
+  }
+  return finite && _mm256_movemask_ps(_mm256_cmp_ps(ok, _mm256_setzero_ps(), _CMP_EQ_OQ)) == 0xFF;
+}
 #endif
 
-static void halves_to_floats(const uint16_t* in, size_t n, float* out) {
+static bool widen_halves_in_place(float* buffer, size_t n, bool bf16) {
+  auto* bytes = reinterpret_cast<unsigned char*>(buffer);
 #if defined(__x86_64__)
   static const bool has_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-  if (has_f16c) return halves_to_floats_f16c(in, n, out);
+  if (!bf16 && has_f16c) return widen_fp16_f16c(bytes, n);
 #endif
-  for (size_t i = 0; i < n; ++i) out[i] = fp16_to_float(in[i]);
+  bool finite = true;
+  for (size_t i = n; i-- > 0;) finite &= widen_half_at(bytes, i, bf16);
+  return finite;
+}
+
+// Whether all n values are finite: x - x is 0 for finite x and NaN otherwise, a branch-free pass the
+// compiler vectorises.
+static bool all_finite(const float* values, size_t n) {
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) finite &= (values[i] - values[i]) == 0.0f;
+  return finite;
 }
 
 const char* element_name(Element element) {
@@ -323,42 +352,43 @@ static int64_t select_rows(const File& file, const std::string& dataset, hid_t s
 
 // Moves rows [first, first+count) between a float32 buffer and the dataset, converting to or from
 // its element type (fp16/bf16 as raw bits, converted here with round to nearest even).
-void File::transfer_rows(const std::string& dataset, int64_t first, int64_t count, float* buffer, bool write) const {
+bool File::transfer_rows(const std::string& dataset, int64_t first, int64_t count, float* buffer, bool write) const {
   Element e = element(dataset);
   Handle d = open_dataset(*this, dataset);
   Handle space(H5Dget_space(d.id()), H5Sclose);
   int64_t per_row = select_rows(*this, dataset, space.id(), first, count);
   const size_t n = static_cast<size_t>(per_row * count);
-  if (n == 0) return;
+  if (n == 0) return true;
+  bool finite = true;
   Handle memory_space = selection_shaped_space(*this, dataset, count);
   herr_t status = -1;
   if (e == Element::float32 || e == Element::float64) {
     status = write ? H5Dwrite(d.id(), H5T_NATIVE_FLOAT, memory_space.id(), space.id(), H5P_DEFAULT, buffer)
                    : H5Dread(d.id(), H5T_NATIVE_FLOAT, memory_space.id(), space.id(), H5P_DEFAULT, buffer);
+    if (!write && status >= 0) finite = all_finite(buffer, n);
   } else if (e == Element::float16 || e == Element::bfloat16) {
     const bool half = e == Element::float16;
-    std::vector<uint16_t> bits(n);
     Handle half_file_type = half_type();
     const hid_t memory_type = half ? half_file_type.id() : H5T_NATIVE_UINT16;
     if (write) {
+      std::vector<uint16_t> bits(n);
       for (size_t i = 0; i < n; ++i) bits[i] = half ? float_to_fp16(buffer[i]) : float_to_bf16(buffer[i]);
       status = H5Dwrite(d.id(), memory_type, memory_space.id(), space.id(), H5P_DEFAULT, bits.data());
     } else {
-      status = H5Dread(d.id(), memory_type, memory_space.id(), space.id(), H5P_DEFAULT, bits.data());
-      if (half)
-        halves_to_floats(bits.data(), n, buffer);
-      else
-        for (size_t i = 0; i < n; ++i) buffer[i] = bf16_to_float(bits[i]);
+      // The 16-bit values land in the front half of the float buffer and are widened in place.
+      status = H5Dread(d.id(), memory_type, memory_space.id(), space.id(), H5P_DEFAULT, buffer);
+      if (status >= 0) finite = widen_halves_in_place(buffer, n, !half);
     }
   } else {
     fail("{}: dataset '{}' holds {} where floating-point activations are expected", path_, dataset, element_name(e));
   }
   OSCAR_CHECK(status >= 0, "{}: cannot {} rows [{}, {}) of '{}'{}", path_, write ? "write" : "read", first,
               first + count, dataset, write ? "" : " (truncated or corrupt file)");
+  return finite;
 }
 
-void File::read_rows(const std::string& dataset, int64_t first, int64_t count, float* out) const {
-  transfer_rows(dataset, first, count, out, false);
+bool File::read_rows(const std::string& dataset, int64_t first, int64_t count, float* out) const {
+  return transfer_rows(dataset, first, count, out, false);
 }
 
 void File::write_rows(const std::string& dataset, int64_t first, int64_t count, const float* data) {

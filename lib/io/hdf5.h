@@ -74,8 +74,9 @@ class File {
   void create_dataset(const std::string& dataset, Element element, const std::vector<int64_t>& shape,
                       bool compress = true);
   int64_t chunk_rows(const std::string& dataset) const;  // rows per chunk (whole size if contiguous)
-  // Rows [first, first+count) as float32 (converted from any stored float type).
-  void read_rows(const std::string& dataset, int64_t first, int64_t count, float* out) const;
+  // Rows [first, first+count) as float32 (converted from any stored float type); returns whether
+  // every value read is finite (checked during the conversion, so callers need no second pass).
+  bool read_rows(const std::string& dataset, int64_t first, int64_t count, float* out) const;
   // Rows written from float32, converted to the dataset's element type (fp16/bf16 round to nearest even).
   void write_rows(const std::string& dataset, int64_t first, int64_t count, const float* data);
   // Whole datasets of other types.
@@ -88,7 +89,7 @@ class File {
  private:
   Handle handle_;
   std::string path_;
-  void transfer_rows(const std::string& dataset, int64_t first, int64_t count, float* buffer, bool write) const;
+  bool transfer_rows(const std::string& dataset, int64_t first, int64_t count, float* buffer, bool write) const;
   void write_whole(const std::string& dataset, const std::vector<int64_t>& shape, hid_t file_type, hid_t memory_type,
                    const void* data);
 };

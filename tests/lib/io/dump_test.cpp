@@ -132,6 +132,32 @@ TEST(Dump, SyntheticIsDeterministicAndPlantsStructure) {
 namespace oscar {
 namespace {
 
+TEST(Dump, RowReadsOfAnyLengthConvertAndReportFiniteness) {
+  // 16-bit values are read into the float buffer and widened in place, backwards, in blocks of 8 with
+  // a scalar tail, checking finiteness on the way: every length (1..40 values) in every stored type
+  // must read back exactly, and read_rows must say false exactly when the range holds the Inf.
+  const int64_t tokens = 40, inf_at = 29;
+  for (auto element : {h5::Element::float32, h5::Element::float16, h5::Element::bfloat16}) {
+    std::vector<float> values(tokens);
+    for (int64_t i = 0; i < tokens; ++i) values[i] = 0.5f * static_cast<float>(i) - 7.25f;  // exact in all
+    values[inf_at] = -INFINITY;
+    const std::string path = testing::TempDir() + "/odd_rows.h5";
+    h5::File f = h5::File::create(path);
+    f.create_dataset("/x", element, {tokens, 1});
+    f.write_rows("/x", 0, tokens, values.data());
+    for (int64_t count = 1; count <= tokens; ++count)
+      for (int64_t first : {int64_t{0}, (tokens - count) / 2, tokens - count}) {
+        std::vector<float> back(count + 1, 123.0f);  // one sentinel past the end
+        const bool finite = f.read_rows("/x", first, count, back.data());
+        for (int64_t i = 0; i < count; ++i) ASSERT_EQ(back[i], values[first + i]) << count << " " << i;
+        EXPECT_EQ(back[count], 123.0f);
+        EXPECT_EQ(finite, !(first <= inf_at && inf_at < first + count)) << h5::element_name(element) << " " << first
+                                                                          << "+" << count;
+      }
+    std::remove(path.c_str());
+  }
+}
+
 TEST(Dump, EveryFiniteFloat16ValueReadsBackExactly) {
   // The reader converts float16 with F16C where available: it must agree with the scalar conversion
   // on every finite half value (subnormals included).
