@@ -156,39 +156,6 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   const float logit_factor = p.softmax_scale * kLog2e;
   const Exponents ex;
 
-  // B fragments of q for head gid: chunk c = i / 2, slot i % 2 (b0 / b1), i = 8u + e for word
-  // tq * KW + u and field e; lo half = byte 4w + b, hi half = byte 4w + 2 + b.
-  uint32_t qf[G::CHUNKS][2];
-  float qsum_own = 0.f, qoff_own = 0.f;
-  {
-    const float* q = p.queries + ((size_t)b * p.num_kv_heads * g + (size_t)kv * g + gid) * D;
-    const bool live = gid < g;
-#pragma unroll
-    for (int u = 0; u < KW; ++u) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const KField f = k_field(e);
-        const int ch = f.qq * Q + 4 * (tq * KW + u) + f.b;
-        const float v0 = live ? q[ch] : 0.f, v1 = live ? q[ch + 2] : 0.f;
-        const uint32_t h = pack_half2(v0, v1);
-        qf[(8 * u + e) / 2][e % 2] = h;
-        const float2 r = unpack_half2(h);
-        qsum_own += r.x + r.y;
-        qoff_own += (float)field_offset(f.pos) * (r.x + r.y);
-      }
-    }
-#pragma unroll
-    for (int off = 1; off < 4; off *= 2) {
-      qsum_own += __shfl_xor_sync(0xffffffffu, qsum_own, off);
-      qoff_own += __shfl_xor_sync(0xffffffffu, qoff_own, off);
-    }
-  }
-  // Heads of this thread's C fragments: 2tq, 2tq+1.
-  const float qsum0 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq) * 4);
-  const float qsum1 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq + 1) * 4);
-  const float qoff0 = __shfl_sync(0xffffffffu, qoff_own, (2 * tq) * 4);
-  const float qoff1 = __shfl_sync(0xffffffffu, qoff_own, (2 * tq + 1) * 4);
-
   float o[G::MT][4];
 #pragma unroll
   for (int i = 0; i < G::MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -237,6 +204,23 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     }
   };
 
+  // The q loads go out with the prologue's page-table reads; the q fragments are built while the
+  // prologue copies are in flight.
+  float qraw[KW][8][2];
+  {
+    const float* q = p.queries + ((size_t)b * p.num_kv_heads * g + (size_t)kv * g + gid) * D;
+    const bool live = gid < g;
+#pragma unroll
+    for (int u = 0; u < KW; ++u) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const KField f = k_field(e);
+        const int ch = f.qq * Q + 4 * (tq * KW + u) + f.b;
+        qraw[u][e][0] = live ? q[ch] : 0.f;
+        qraw[u][e][1] = live ? q[ch + 2] : 0.f;
+      }
+    }
+  }
   int pg[TILES];
   {
     int first[STAGES - 1][TILES];  // all page-table reads of the prologue in flight together
@@ -249,6 +233,34 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       cp_async_commit();
     }
   }
+  // B fragments of q for head gid: chunk c = i / 2, slot i % 2 (b0 / b1), i = 8u + e for word
+  // tq * KW + u and field e; lo half = byte 4w + b, hi half = byte 4w + 2 + b.
+  uint32_t qf[G::CHUNKS][2];
+  float qsum_own = 0.f, qoff_own = 0.f;
+  {
+#pragma unroll
+    for (int u = 0; u < KW; ++u) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const KField f = k_field(e);
+        const uint32_t h = pack_half2(qraw[u][e][0], qraw[u][e][1]);
+        qf[(8 * u + e) / 2][e % 2] = h;
+        const float2 r = unpack_half2(h);
+        qsum_own += r.x + r.y;
+        qoff_own += (float)field_offset(f.pos) * (r.x + r.y);
+      }
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off *= 2) {
+      qsum_own += __shfl_xor_sync(0xffffffffu, qsum_own, off);
+      qoff_own += __shfl_xor_sync(0xffffffffu, qoff_own, off);
+    }
+  }
+  // Heads of this thread's C fragments: 2tq, 2tq+1.
+  const float qsum0 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq) * 4);
+  const float qsum1 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq + 1) * 4);
+  const float qoff0 = __shfl_sync(0xffffffffu, qoff_own, (2 * tq) * 4);
+  const float qoff1 = __shfl_sync(0xffffffffu, qoff_own, (2 * tq + 1) * 4);
   for (int k = 0; k < nsteps; ++k) {
     issue(k + STAGES - 1, pg);
     cp_async_commit();
@@ -531,26 +543,36 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
 }
 
 // ---------------------------------------------------------------- fused merge
-// The last CTA of (b, kv): split weights exp2(lse2_s - max) / sum, the weighted sum of the partials
-// (read through L2: other CTAs of this launch wrote them), then o'[g, d] . R_V^T. Scratch aliases sh.
+// The last CTA of (b, kv) is alone on the critical path of small batches, so every phase keeps many
+// loads in flight: the split weights exp2(lse2_s - max) / sum from one pass over lse2, the weighted sum
+// of the partials in float4 loads (read through L2: other CTAs of this launch wrote them), then
+// o'[g, d] . R_V^T by (row slice, column quad) threads (R_V^T was prefetched to L2 at the start of the
+// launch), the row slices summed in a fixed order. Scratch aliases the CTA's shared memory.
+template <int D>
+constexpr int merge_slices() {
+  return 4 * kThreads / D;  // row slices of the un-rotation: 128 threads = slices x (D / 4) column quads
+}
 template <int D>
 __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int kv) {
+  constexpr int SLICES = merge_slices<D>(), ROWS = D / SLICES, RU = ROWS < 16 ? ROWS : 16;
   const int g = p.group, S = p.int2_splits + p.bf16_splits;
-  float* weight = reinterpret_cast<float*>(smem);  // [S, g]
-  float* merged = weight + S * g;                  // [g, D]
-  float* inv = merged + g * D;                     // [g]
+  float* weight = reinterpret_cast<float*>(smem);       // [S, g]
+  float* merged = weight + ((S * g + 3) & ~3);          // [g, D]
+  float* slice_out = merged + g * D;                    // [SLICES, g, D]
+  float* inv = slice_out + SLICES * g * D;              // [g]
   const size_t pair = (size_t)b * p.num_kv_heads + kv;
-  const float* lse = p.partial_lse2 + pair * S * g;    // [S, g]
-  const float* po = p.partial_out + pair * S * g * D;  // [S, g, D]
+  const float* lse = p.partial_lse2 + pair * S * g;     // [S, g]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = threadIdx.x; i < S * g; i += kThreads) weight[i] = __ldcg(lse + i);
+  __syncthreads();
   for (int h = warp; h < g; h += kDecodeWarps) {
     float mx = -INFINITY;
-    for (int s = lane; s < S; s += 32) mx = fmaxf(mx, __ldcg(lse + s * g + h));
+    for (int s = lane; s < S; s += 32) mx = fmaxf(mx, weight[s * g + h]);
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     float sum = 0.f;
     for (int s = lane; s < S; s += 32) {
-      const float w = mx == -INFINITY ? 0.f : exp2f(__ldcg(lse + s * g + h) - mx);
+      const float w = mx == -INFINITY ? 0.f : exp2f(weight[s * g + h] - mx);
       weight[s * g + h] = w;
       sum += w;
     }
@@ -559,24 +581,37 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
     if (lane == 0) inv[h] = sum > 0.f ? 1.f / sum : 0.f;
   }
   __syncthreads();
-  constexpr int PER = 4;  // outputs per thread per pass: PER x 4 partial loads in flight
-  for (int i0 = threadIdx.x; i0 < g * D; i0 += PER * kThreads) {
-    float acc[PER];
+  // Weighted sum: a thread owns float4 items i and i + kThreads of [g, D / 4]; U splits at a time,
+  // 2U independent 16-byte loads in flight.
+  constexpr int U = 8;
+  const int n4 = g * D / 4;
+  const float4* po4 = reinterpret_cast<const float4*>(p.partial_out + pair * S * g * D);  // [S, g, D / 4]
+  auto fma4 = [](float w, const float4& v, float4& a) {
+    a.x = fmaf(w, v.x, a.x), a.y = fmaf(w, v.y, a.y), a.z = fmaf(w, v.z, a.z), a.w = fmaf(w, v.w, a.w);
+  };
+  for (int i0 = threadIdx.x; i0 < n4; i0 += 2 * kThreads) {
+    const int i1 = i0 + kThreads;
+    const bool two = i1 < n4;
+    const int h0 = 4 * i0 / D, h1 = two ? 4 * i1 / D : h0;
+    float4 a0 = make_float4(0.f, 0.f, 0.f, 0.f), a1 = a0;
+    int s = 0;
+    for (; s + U <= S; s += U) {
+      float4 v0[U], v1[U];
 #pragma unroll
-    for (int k = 0; k < PER; ++k) acc[k] = 0.f;
-#pragma unroll 4
-    for (int s = 0; s < S; ++s) {
-#pragma unroll
-      for (int k = 0; k < PER; ++k) {
-        const int i = i0 + k * kThreads;
-        if (i < g * D) acc[k] += weight[s * g + i / D] * __ldcg(po + (size_t)s * g * D + i);
+      for (int u = 0; u < U; ++u) {
+        v0[u] = __ldcg(po4 + (size_t)(s + u) * n4 + i0);
+        v1[u] = two ? __ldcg(po4 + (size_t)(s + u) * n4 + i1) : v0[u];
       }
-    }
 #pragma unroll
-    for (int k = 0; k < PER; ++k) {
-      const int i = i0 + k * kThreads;
-      if (i < g * D) merged[i] = acc[k] * inv[i / D];
+      for (int u = 0; u < U; ++u) fma4(weight[(s + u) * g + h0], v0[u], a0), fma4(weight[(s + u) * g + h1], v1[u], a1);
     }
+    for (; s < S; ++s) {
+      fma4(weight[s * g + h0], __ldcg(po4 + (size_t)s * n4 + i0), a0);
+      if (two) fma4(weight[s * g + h1], __ldcg(po4 + (size_t)s * n4 + i1), a1);
+    }
+    const float f0 = inv[h0], f1 = inv[h1];
+    reinterpret_cast<float4*>(merged)[i0] = make_float4(a0.x * f0, a0.y * f0, a0.z * f0, a0.w * f0);
+    if (two) reinterpret_cast<float4*>(merged)[i1] = make_float4(a1.x * f1, a1.y * f1, a1.z * f1, a1.w * f1);
   }
   __syncthreads();
   float* out = p.out + pair * g * D;  // heads (b * Hkv + kv) * g + h
@@ -584,21 +619,33 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
     for (int i = threadIdx.x; i < g * D; i += kThreads) out[i] = merged[i];
     return;
   }
-  const float* rot = p.value_rotation_t + kv * p.rotation_kv_head_stride;  // M = R_V^T [D, D]
-  for (int j = threadIdx.x; j < D; j += kThreads) {
-    float acc[kGroup];
+  // Thread (slice, quad): rows [slice * ROWS, +ROWS) of M = R_V^T [D, D], columns [4 quad, +4).
+  const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
+  const float4* rot4 = reinterpret_cast<const float4*>(p.value_rotation_t + kv * p.rotation_kv_head_stride) +
+                       (size_t)slice * ROWS * (D / 4) + quad;
+  float4 acc[kGroup];
 #pragma unroll
-    for (int h = 0; h < kGroup; ++h) acc[h] = 0.f;
-#pragma unroll 32
-    for (int i = 0; i < D; ++i) {
-      const float r = __ldg(rot + (size_t)i * D + j);
+  for (int h = 0; h < kGroup; ++h) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int r0 = 0; r0 < ROWS; r0 += RU) {
+    float4 r[RU];
+#pragma unroll
+    for (int u = 0; u < RU; ++u) r[u] = __ldg(rot4 + (size_t)(r0 + u) * (D / 4));
+#pragma unroll
+    for (int u = 0; u < RU; ++u) {
 #pragma unroll
       for (int h = 0; h < kGroup; ++h)
-        if (h < g) acc[h] = fmaf(merged[h * D + i], r, acc[h]);
+        if (h < g) fma4(merged[h * D + slice * ROWS + r0 + u], r[u], acc[h]);
     }
+  }
 #pragma unroll
-    for (int h = 0; h < kGroup; ++h)
-      if (h < g) out[h * D + j] = acc[h];
+  for (int h = 0; h < kGroup; ++h)
+    if (h < g) reinterpret_cast<float4*>(slice_out + (slice * g + h) * D)[quad] = acc[h];
+  __syncthreads();
+  for (int i = threadIdx.x; i < g * D; i += kThreads) {
+    float v = 0.f;
+#pragma unroll
+    for (int sl = 0; sl < SLICES; ++sl) v += slice_out[sl * g * D + i];
+    out[i] = v;
   }
 }
 
@@ -634,6 +681,12 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     const int len = p.bf16_lengths[b];
     t_begin = s * p.bf16_chunk;
     t_end = min(len, t_begin + p.bf16_chunk);
+  }
+  if (p.merge_counters && p.value_rotation_t && split == 0) {
+    // The merge reads R_V^T at the very end; fetch it into L2 now, off the critical path.
+    const char* rot = reinterpret_cast<const char*>(p.value_rotation_t + kv * p.rotation_kv_head_stride);
+    for (int off = threadIdx.x * 128; off < D * D * 4; off += kThreads * 128)
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rot + off));
   }
   if (!int2 || t_begin >= t_end) {
     // Empty warps leave m = -inf, l = 0, o = 0.
@@ -727,7 +780,8 @@ void require(bool ok, const std::string& message) {
 }  // namespace
 
 bool fused_merge_fits(int splits_total, int group, int head_dim) {
-  const long need = ((long)splits_total * group + (long)group * head_dim + group) * 4;
+  const int slices = 4 * kThreads / head_dim;
+  const long need = ((((long)splits_total * group + 3) & ~3L) + (1L + slices) * group * head_dim + group) * 4;
   const long have = head_dim == 64 ? smem_bytes<64>() : head_dim == 128 ? smem_bytes<128>() : smem_bytes<256>();
   return need <= have;
 }
@@ -745,6 +799,8 @@ void check_paged_decode(const PagedDecodeParams& p) {
   require(p.batch >= 1 && p.num_kv_heads >= 1, "batch and KV heads must be positive");
   require((long)p.batch * p.num_kv_heads * p.splits_total() <= 0x7fffffffL, "grid too large");
   require(p.queries && p.partial_out && p.partial_lse2, "null queries or partial outputs");
+  require(reinterpret_cast<uintptr_t>(p.value_rotation_t) % 16 == 0 && p.rotation_kv_head_stride % 4 == 0,
+          "the value rotation must be 16-byte aligned");
   require(p.splits_total() >= 1, "no splits (both tiers absent)");
   require(std::isfinite(p.softmax_scale) && p.softmax_scale > 0, "softmax scale must be positive");
   if (p.int2_splits > 0) {

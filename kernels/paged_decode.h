@@ -62,7 +62,8 @@ struct PagedDecodeParams {
 // Grid: one CTA per (split, KV head, sequence), INT2 CTAs first. CTAs of the INT2 path that fit on one
 // multiprocessor at once (occupancy), for split planning.
 int paged_decode_ctas_per_sm(int head_dim);
-// Whether the fused merge's shared-memory scratch (splits_total * g weights + g * d) fits.
+// Whether the fused merge's shared-memory scratch (splits_total * g weights, g * d merged outputs,
+// 512 / d row slices of g * d for the un-rotation) fits.
 bool fused_merge_fits(int splits_total, int group, int head_dim);
 
 // Throws std::invalid_argument with a clear message on unsupported shapes or bad pointers.
