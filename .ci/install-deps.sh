@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the design card's Debian packages when any is missing (needs root or sudo).
 set -euo pipefail
-packages=(cmake ninja-build g++ libhdf5-dev hdf5-tools libeigen3-dev libcli11-dev libfmt-dev libopenblas-dev
+packages=(cmake ninja-build g++ libhdf5-dev zlib1g-dev hdf5-tools libeigen3-dev libcli11-dev libfmt-dev libopenblas-dev
           nlohmann-json3-dev libgtest-dev python3)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -8,6 +8,7 @@
 
 #include "cli/progress.h"
 #include "common/error.h"
+#include "common/parallel.h"
 #include "covariance/accumulate.h"
 
 namespace oscar {

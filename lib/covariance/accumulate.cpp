@@ -7,13 +7,13 @@
 #include <future>
 #include <cmath>
 #include <memory>
-#include <mutex>
 #include <thread>
 
 #include <cblas.h>
 
 #include "cli/progress.h"
 #include "common/error.h"
+#include "common/parallel.h"
 
 namespace oscar {
 
@@ -27,42 +27,19 @@ void symmetrise_upper(double* matrix, int d) {
     for (int j = 0; j < i; ++j) matrix[static_cast<size_t>(i) * d + j] = matrix[static_cast<size_t>(j) * d + i];
 }
 
-int parallel_workers(int n, int threads) { return std::max(1, std::min(threads, n)); }
-
-void parallel_for(int n, int threads, const std::function<void(int)>& fn) {
-  threads = parallel_workers(n, threads);
-  if (threads == 1) {
-    for (int i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::vector<std::thread> pool;
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      for (int i = t; i < n; i += threads) {
-        try {
-          fn(i);
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(error_mutex);
-          if (!error) error = std::current_exception();
-        }
-      }
-    });
-  for (auto& th : pool) th.join();
-  if (error) std::rethrow_exception(error);
-}
-
 namespace {
 
 // Reads the blocks of one layer of one dump in order, the next block in flight on a background
 // thread while the caller computes on the current one (HDF5 is only ever used by that one thread).
-// Two buffers take turns (the caller's block and the spare being filled), so after the first blocks
-// no read allocates or touches fresh pages.
+// The reader decodes the stored chunks on `threads` threads (they share the cores with the workers
+// computing on the current block). Two buffers take turns (the caller's block and the spare being
+// filled), so after the first blocks no read allocates or touches fresh pages.
 class BlockStream {
  public:
-  BlockStream(const DumpReader& reader, int layer, int64_t block_tokens, bool with_queries, LayerActivations& spare)
-      : reader_(reader), layer_(layer), block_(block_tokens), with_queries_(with_queries), spare_(spare) {
+  BlockStream(const DumpReader& reader, int layer, int64_t block_tokens, bool with_queries, int threads,
+              LayerActivations& spare)
+      : reader_(reader), layer_(layer), block_(block_tokens), with_queries_(with_queries), threads_(threads),
+        spare_(spare) {
     launch();
   }
   ~BlockStream() {
@@ -83,12 +60,13 @@ class BlockStream {
     const int64_t first = first_, n = std::min(block_, reader_.info().tokens - first_);
     first_ += n;
     next_ = std::async(std::launch::async,
-                       [this, first, n] { reader_.read_layer_into(spare_, layer_, first, n, with_queries_); });
+                       [this, first, n] { reader_.read_layer_into(spare_, layer_, first, n, with_queries_, threads_); });
   }
   const DumpReader& reader_;
   int layer_;
   int64_t block_, first_ = 0;
   bool with_queries_;
+  int threads_;
   LayerActivations& spare_;
   std::future<void> next_;
 };
@@ -165,7 +143,7 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
     LayerStatistics& ls = *const_cast<LayerStatistics*>(stats.find_layer(layer));
     // Pass 1: C_Q, K^T K, V^T V.
     for (const auto& r : readers) {
-      BlockStream stream(*r, layer, options.block_tokens, true, spare);
+      BlockStream stream(*r, layer, options.block_tokens, true, threads, spare);
       while (stream.next(block)) {
         const int64_t n = block.tokens;
         parallel_for(hkv, threads, [&](int h) {
@@ -201,7 +179,7 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
     }
     // Pass 2: sum_t w_t v_t^T v_t with w_t = k_t C_Q k_t^T (>= 0: C_Q is positive semi-definite).
     for (const auto& r : readers) {
-      BlockStream stream(*r, layer, options.block_tokens, false, spare);
+      BlockStream stream(*r, layer, options.block_tokens, false, threads, spare);
       while (stream.next(block)) {
         const int64_t n = block.tokens;
         parallel_for(hkv, threads, [&](int h) {

@@ -2,7 +2,6 @@
 // (memory bounded by the block, not the dump), BLAS rank-k updates (dsyrk), KV heads in parallel.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,11 +25,5 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
 void add_gram(const double* rows, int64_t n, int d, double* sum);
 // Copies the upper triangle of a [d, d] matrix to the lower one.
 void symmetrise_upper(double* matrix, int d);
-
-// Runs fn(i) for i in [0, n) on parallel_workers(n, threads) threads: item i on worker
-// i % parallel_workers(n, threads), each worker's items in increasing order (so per-worker scratch
-// buffers need no locking). Deterministic: each i writes its own output.
-void parallel_for(int n, int threads, const std::function<void(int)>& fn);
-int parallel_workers(int n, int threads);
 
 }  // namespace oscar

@@ -9,6 +9,7 @@
 #include <cblas.h>
 
 #include "calibrate/calibrate.h"
+#include "common/parallel.h"
 #include "covariance/accumulate.h"
 
 namespace oscar {

@@ -42,6 +42,7 @@ static std::string layer_path(int layer, const char* name) { return "/layers/" +
 
 struct DumpReader::Impl {
   h5::File file;
+  h5::File::ChunkBuffers buffers;  // reused by read_layer_into
 };
 
 DumpReader::DumpReader(const std::string& path) : impl_(std::make_unique<Impl>()), path_(path) {
@@ -117,11 +118,12 @@ int64_t DumpReader::chunk_tokens(int layer) const { return impl_->file.chunk_row
 
 LayerActivations DumpReader::read_layer(int layer, int64_t first, int64_t count, bool with_queries) const {
   LayerActivations a;
-  read_layer_into(a, layer, first, count, with_queries);
+  read_layer_into(a, layer, first, count, with_queries, 1);
   return a;
 }
 
-void DumpReader::read_layer_into(LayerActivations& a, int layer, int64_t first, int64_t count, bool with_queries) const {
+void DumpReader::read_layer_into(LayerActivations& a, int layer, int64_t first, int64_t count, bool with_queries,
+                                 int threads) const {
   OSCAR_CHECK(std::find(info_.layers.begin(), info_.layers.end(), layer) != info_.layers.end(),
               "{}: layer {} is not in this dump (layers present: {})", path_, layer, fmt::join(info_.layers, ","));
   if (count < 0) count = info_.tokens - first;
@@ -140,7 +142,7 @@ void DumpReader::read_layer_into(LayerActivations& a, int layer, int64_t first, 
     if (data->empty() && count > 0) continue;  // queries skipped
     std::string ds = layer_path(layer, name);
     // The reader checks finiteness on the way; the slow search for the culprit only runs when needed.
-    if (!impl_->file.read_rows(ds, first, count, data->data())) {
+    if (!impl_->file.read_rows_parallel(ds, first, count, data->data(), threads, impl_->buffers)) {
       const size_t per_token = data->size() / std::max<int64_t>(count, 1);
       for (size_t i = 0; i < data->size(); ++i)
         if (!std::isfinite((*data)[i]))

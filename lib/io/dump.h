@@ -54,8 +54,10 @@ class DumpReader {
   // Reads tokens [first, first+count) of one layer; checks finiteness (error names file and dataset).
   // with_queries = false skips Q (left empty): passes that only need K and V read a third of the bytes.
   LayerActivations read_layer(int layer, int64_t first = 0, int64_t count = -1, bool with_queries = true) const;
-  // The same into `out`, reusing its buffers' capacity (streaming readers call it block after block).
-  void read_layer_into(LayerActivations& out, int layer, int64_t first, int64_t count, bool with_queries) const;
+  // The same into `out`, reusing its buffers' capacity (streaming readers call it block after block),
+  // with the stored chunks decoded (inflated, converted) on `threads` threads.
+  void read_layer_into(LayerActivations& out, int layer, int64_t first, int64_t count, bool with_queries,
+                       int threads) const;
   // Rows per HDF5 chunk along T of this layer's K (the natural streaming granularity).
   int64_t chunk_tokens(int layer) const;
 

@@ -10,8 +10,11 @@
 #include <cmath>
 #include <cstring>
 
+#include <zlib.h>
+
 #include "common/error.h"
 #include "common/float16.h"
+#include "common/parallel.h"
 
 namespace oscar::h5 {
 namespace {
@@ -56,43 +59,45 @@ size_t element_bytes(Element e) {
 
 }  // namespace
 
-// Widens n 16-bit floats (float16 or bfloat16) held in the first 2n bytes of `buffer` to n float32 in
-// place, so a read needs no staging buffer; returns whether all n are finite (checked on the way).
-// It runs backwards: float i overwrites halves 2i and 2i+1, which are either already converted (they
-// lie later) or in the block being converted. Bytes move by memcpy and may_alias vector loads, so no
-// strict-aliasing rule is broken.
-static bool widen_half_at(unsigned char* bytes, size_t i, bool bf16) {
+// Widens n 16-bit floats (float16 or bfloat16) at `src` to n float32 at `dst`, which may be the same
+// memory (the values in its first 2n bytes: a read then needs no staging buffer); returns whether all
+// n are finite (checked on the way). It runs backwards: float i overwrites halves 2i and 2i+1, which
+// are either already converted (they lie later) or in the block being converted. Bytes move by
+// memcpy and may_alias vector loads, so no strict-aliasing rule is broken.
+static bool widen_half_at(const unsigned char* src, unsigned char* dst, size_t i, bool bf16) {
   uint16_t h;
-  std::memcpy(&h, bytes + 2 * i, sizeof h);
+  std::memcpy(&h, src + 2 * i, sizeof h);
   const float f = bf16 ? bf16_to_float(h) : fp16_to_float(h);
-  std::memcpy(bytes + 4 * i, &f, sizeof f);
+  std::memcpy(dst + 4 * i, &f, sizeof f);
   return (f - f) == 0.0f;  // 0 for finite, NaN for Inf/NaN
 }
 
 #if defined(__x86_64__)
 // float16 with the F16C instruction (exact, like the scalar conversion).
-__attribute__((target("f16c,avx"))) static bool widen_fp16_f16c(unsigned char* bytes, size_t n) {
+__attribute__((target("f16c,avx"))) static bool widen_fp16_f16c(const unsigned char* src, unsigned char* dst,
+                                                                 size_t n) {
   size_t blocks = n / 8;
   bool finite = true;
-  for (size_t i = n; i-- > blocks * 8;) finite &= widen_half_at(bytes, i, false);
+  for (size_t i = n; i-- > blocks * 8;) finite &= widen_half_at(src, dst, i, false);
   __m256 ok = _mm256_setzero_ps();  // accumulates x - x: stays 0 while every value is finite
   while (blocks-- > 0) {
-    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 16 * blocks)));
-    _mm256_storeu_ps(reinterpret_cast<float*>(bytes + 32 * blocks), x);
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * blocks)));
+    _mm256_storeu_ps(reinterpret_cast<float*>(dst + 32 * blocks), x);
     ok = _mm256_add_ps(ok, _mm256_sub_ps(x, x));
   }
   return finite && _mm256_movemask_ps(_mm256_cmp_ps(ok, _mm256_setzero_ps(), _CMP_EQ_OQ)) == 0xFF;
 }
 #endif
 
-static bool widen_halves_in_place(float* buffer, size_t n, bool bf16) {
-  auto* bytes = reinterpret_cast<unsigned char*>(buffer);
+static bool widen_halves(const void* halves, size_t n, bool bf16, float* out) {
+  const auto* src = static_cast<const unsigned char*>(halves);
+  auto* dst = reinterpret_cast<unsigned char*>(out);
 #if defined(__x86_64__)
   static const bool has_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-  if (!bf16 && has_f16c) return widen_fp16_f16c(bytes, n);
+  if (!bf16 && has_f16c) return widen_fp16_f16c(src, dst, n);
 #endif
   bool finite = true;
-  for (size_t i = n; i-- > 0;) finite &= widen_half_at(bytes, i, bf16);
+  for (size_t i = n; i-- > 0;) finite &= widen_half_at(src, dst, i, bf16);
   return finite;
 }
 
@@ -377,7 +382,7 @@ bool File::transfer_rows(const std::string& dataset, int64_t first, int64_t coun
     } else {
       // The 16-bit values land in the front half of the float buffer and are widened in place.
       status = H5Dread(d.id(), memory_type, memory_space.id(), space.id(), H5P_DEFAULT, buffer);
-      if (status >= 0) finite = widen_halves_in_place(buffer, n, !half);
+      if (status >= 0) finite = widen_halves(buffer, n, !half, buffer);
     }
   } else {
     fail("{}: dataset '{}' holds {} where floating-point activations are expected", path_, dataset, element_name(e));
@@ -389,6 +394,144 @@ bool File::transfer_rows(const std::string& dataset, int64_t first, int64_t coun
 
 bool File::read_rows(const std::string& dataset, int64_t first, int64_t count, float* out) const {
   return transfer_rows(dataset, first, count, out, false);
+}
+
+// Whether the stored bytes of a dataset's chunks can be decoded here: chunked along rows only (whole
+// rows per chunk), every chunk filtered (no unfiltered partial chunks), filters shuffle and/or
+// deflate in the order create_dataset sets them, and a little-endian element layout we convert
+// ourselves (IEEE float32, IEEE float16, or bfloat16 bits). Sets the chunk rows and the filters.
+static bool decodable_chunks(hid_t dataset, Element e, const std::vector<int64_t>& dims,
+                             hsize_t& chunk_rows, bool& shuffled, bool& deflated) {
+  Handle plist(H5Dget_create_plist(dataset), H5Pclose);
+  if (H5Pget_layout(plist.id()) != H5D_CHUNKED) return false;
+  std::vector<hsize_t> chunk(dims.size());
+  if (H5Pget_chunk(plist.id(), static_cast<int>(chunk.size()), chunk.data()) != static_cast<int>(dims.size()))
+    return false;
+  for (size_t i = 1; i < dims.size(); ++i)
+    if (chunk[i] != static_cast<hsize_t>(dims[i])) return false;
+  chunk_rows = chunk[0];
+  unsigned options = 0;
+  if (H5Pget_chunk_opts(plist.id(), &options) < 0 || (options & H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS)) return false;
+  const int filters = H5Pget_nfilters(plist.id());
+  shuffled = deflated = false;
+  for (int f = 0; f < filters; ++f) {
+    unsigned flags = 0, config = 0, values[8];
+    size_t count = 8;
+    const H5Z_filter_t id = H5Pget_filter2(plist.id(), static_cast<unsigned>(f), &flags, &count, values, 0, nullptr,
+                                           &config);
+    if (id == H5Z_FILTER_SHUFFLE && f == 0) shuffled = true;
+    else if (id == H5Z_FILTER_DEFLATE && f == filters - 1) deflated = true;
+    else return false;
+  }
+  Handle type(H5Dget_type(dataset), H5Tclose);
+  if (H5Tget_order(type.id()) != H5T_ORDER_LE) return false;
+  if (e == Element::float32) return H5Tequal(type.id(), H5T_IEEE_F32LE) > 0;
+  if (e == Element::float16) {
+    size_t sign = 0, exponent_pos = 0, exponent_bits = 0, mantissa_pos = 0, mantissa_bits = 0;
+    H5Tget_fields(type.id(), &sign, &exponent_pos, &exponent_bits, &mantissa_pos, &mantissa_bits);
+    return sign == 15 && exponent_pos == 10 && exponent_bits == 5 && mantissa_pos == 0 && mantissa_bits == 10 &&
+           H5Tget_ebias(type.id()) == 15;
+  }
+  return e == Element::bfloat16;
+}
+
+bool File::decodes_chunks(const std::string& dataset) const {
+  const Element e = element(dataset);
+  if (e != Element::float32 && e != Element::float16 && e != Element::bfloat16) return false;
+  Handle d = open_dataset(*this, dataset);
+  hsize_t chunk_rows = 0;
+  bool shuffled = false, deflated = false;
+  return decodable_chunks(d.id(), e, shape(dataset), chunk_rows, shuffled, deflated);
+}
+
+bool File::read_rows_parallel(const std::string& dataset, int64_t first, int64_t count, float* out, int threads,
+                              ChunkBuffers& buffers) const {
+  const Element e = element(dataset);
+  if (threads <= 1 || count <= 0 || (e != Element::float32 && e != Element::float16 && e != Element::bfloat16))
+    return read_rows(dataset, first, count, out);
+  Handle d = open_dataset(*this, dataset);
+  const std::vector<int64_t> dims = shape(dataset);
+  OSCAR_CHECK(!dims.empty() && first >= 0 && first + count <= dims[0], "{}: rows [{}, {}) outside '{}' with {} rows",
+              path_, first, first + count, dataset, dims.empty() ? 0 : dims[0]);
+  hsize_t chunk_rows = 0;
+  bool shuffled = false, deflated = false;
+  if (!decodable_chunks(d.id(), e, dims, chunk_rows, shuffled, deflated))
+    return read_rows(dataset, first, count, out);
+
+  const size_t bytes = element_bytes(e);
+  size_t per_row = 1;
+  for (size_t i = 1; i < dims.size(); ++i) per_row *= static_cast<size_t>(dims[i]);
+  const size_t chunk_elements = chunk_rows * per_row;
+  const int64_t first_chunk = first / static_cast<int64_t>(chunk_rows);
+  const int chunks = static_cast<int>((first + count - 1) / static_cast<int64_t>(chunk_rows) - first_chunk + 1);
+
+  // The stored bytes of every chunk, read on this thread (HDF5 is not thread-safe).
+  if (buffers.packed.size() < static_cast<size_t>(chunks)) buffers.packed.resize(chunks);
+  std::vector<uint32_t> skipped(chunks, 0);  // per chunk: bit f set when filter f was not applied
+  for (int c = 0; c < chunks; ++c) {
+    std::vector<hsize_t> offset(dims.size(), 0);
+    offset[0] = static_cast<hsize_t>(first_chunk + c) * chunk_rows;
+    hsize_t stored = 0;
+    if (H5Dget_chunk_storage_size(d.id(), offset.data(), &stored) < 0 || stored == 0)
+      return read_rows(dataset, first, count, out);  // unwritten chunk: HDF5 supplies the fill value
+    buffers.packed[c].resize(stored);
+    OSCAR_CHECK(H5Dread_chunk(d.id(), H5P_DEFAULT, offset.data(), &skipped[c], buffers.packed[c].data()) >= 0,
+                "{}: cannot read the chunk at row {} of '{}' (truncated or corrupt file)", path_, offset[0], dataset);
+  }
+
+  // Decoded on the worker threads: inflate, unshuffle the rows wanted, convert to float32.
+  const int workers = parallel_workers(chunks, threads);
+  buffers.plain.resize(workers);
+  buffers.unshuffled.resize(workers);
+  std::vector<char> finite(chunks, 1);
+  parallel_for(chunks, threads, [&](int c) {
+    const int64_t chunk_first = (first_chunk + c) * static_cast<int64_t>(chunk_rows);
+    const std::vector<unsigned char>& packed = buffers.packed[c];
+    const unsigned char* plain = packed.data();
+    if (deflated && !(skipped[c] & (1u << (shuffled ? 1 : 0)))) {
+      std::vector<unsigned char>& inflated = buffers.plain[c % workers];
+      inflated.resize(chunk_elements * bytes);
+      uLongf length = static_cast<uLongf>(inflated.size());
+      const int status = uncompress(inflated.data(), &length, packed.data(), static_cast<uLong>(packed.size()));
+      OSCAR_CHECK(status == Z_OK && length == inflated.size(),
+                  "{}: the chunk at row {} of '{}' does not inflate to {} bytes (corrupt file)", path_, chunk_first,
+                  dataset, inflated.size());
+      plain = inflated.data();
+    } else {
+      OSCAR_CHECK(packed.size() == chunk_elements * bytes, "{}: the chunk at row {} of '{}' holds {} bytes, not {}",
+                  path_, chunk_first, dataset, packed.size(), chunk_elements * bytes);
+    }
+    // Rows of this chunk inside [first, first + count), as an element range of the chunk.
+    const int64_t row_begin = std::max(first, chunk_first);
+    const int64_t row_end = std::min(first + count, chunk_first + static_cast<int64_t>(chunk_rows));
+    const size_t begin = static_cast<size_t>(row_begin - chunk_first) * per_row;
+    const size_t n = static_cast<size_t>(row_end - row_begin) * per_row;
+    const unsigned char* src = plain + begin * bytes;
+    if (shuffled && !(skipped[c] & 1u)) {
+      // Shuffled: byte b of element i is at b * chunk_elements + i.
+      std::vector<unsigned char>& ordered = buffers.unshuffled[c % workers];
+      ordered.resize(n * bytes);
+      const unsigned char* plane = plain + begin;
+      if (bytes == 2) {  // the common case, in a loop the compiler vectorises
+        for (size_t i = 0; i < n; ++i) {
+          const uint16_t value = static_cast<uint16_t>(plane[i] | plane[chunk_elements + i] << 8);
+          std::memcpy(ordered.data() + 2 * i, &value, 2);
+        }
+      } else {
+        for (size_t b = 0; b < bytes; ++b)
+          for (size_t i = 0; i < n; ++i) ordered[i * bytes + b] = plane[b * chunk_elements + i];
+      }
+      src = ordered.data();
+    }
+    float* dst = out + static_cast<size_t>(row_begin - first) * per_row;
+    if (bytes == 2) {
+      finite[c] = widen_halves(src, n, e == Element::bfloat16, dst);
+    } else {
+      std::memcpy(dst, src, n * sizeof(float));
+      finite[c] = all_finite(dst, n);
+    }
+  });
+  return std::all_of(finite.begin(), finite.end(), [](char f) { return f != 0; });
 }
 
 void File::write_rows(const std::string& dataset, int64_t first, int64_t count, const float* data) {

@@ -77,6 +77,17 @@ class File {
   // Rows [first, first+count) as float32 (converted from any stored float type); returns whether
   // every value read is finite (checked during the conversion, so callers need no second pass).
   bool read_rows(const std::string& dataset, int64_t first, int64_t count, float* out) const;
+  // Buffers a caller keeps between read_rows_parallel calls so that repeated reads allocate nothing.
+  struct ChunkBuffers {
+    std::vector<std::vector<unsigned char>> packed, plain, unshuffled;
+  };
+  // The same rows, values and finiteness answer as read_rows, decoded on `threads` threads: for a
+  // dataset chunked along rows with shuffle and/or deflate (what create_dataset writes) the chunks'
+  // stored bytes are read here and inflated, unshuffled and converted in parallel. Other layouts, and
+  // threads <= 1, go through read_rows.
+  bool read_rows_parallel(const std::string& dataset, int64_t first, int64_t count, float* out, int threads,
+                          ChunkBuffers& buffers) const;
+  bool decodes_chunks(const std::string& dataset) const;  // whether read_rows_parallel decodes them itself
   // Rows written from float32, converted to the dataset's element type (fp16/bf16 round to nearest even).
   void write_rows(const std::string& dataset, int64_t first, int64_t count, const float* data);
   // Whole datasets of other types.

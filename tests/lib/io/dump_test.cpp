@@ -158,6 +158,84 @@ TEST(Dump, RowReadsOfAnyLengthConvertAndReportFiniteness) {
   }
 }
 
+// A dataset of 24 rows of 65536 values: rows of 128-256 KiB, so 4-8 rows per chunk and several
+// chunks per read. Values are small multiples of 1/4, exact in every stored type; one is +Inf.
+constexpr int64_t kWideRows = 24, kWideRow = 65536, kInfAt = 9 * kWideRow + 4321;
+
+std::vector<float> wide_values() {
+  std::vector<float> values(kWideRows * kWideRow);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(static_cast<int>((i * 37) % 509) - 254);
+  values[kInfAt] = INFINITY;
+  return values;
+}
+
+TEST(Dump, ParallelChunkReadsMatchHdf5Reads) {
+  // read_rows_parallel decodes the stored chunks itself (inflate, unshuffle, convert) on several
+  // threads: same values and finiteness answer as read_rows for every stored type, with and without
+  // compression, for ranges inside one chunk, across chunks, and ending in a partial chunk.
+  const std::vector<float> values = wide_values();
+  const std::pair<int64_t, int64_t> ranges[] = {{0, 24}, {0, 1}, {7, 1}, {7, 9}, {8, 8}, {23, 1}, {5, 19}, {10, 14}};
+  for (auto element : {h5::Element::float32, h5::Element::float16, h5::Element::bfloat16})
+    for (bool compress : {true, false}) {
+      const std::string path = testing::TempDir() + "/wide.h5";
+      h5::File f = h5::File::create(path);
+      f.create_dataset("/x", element, {kWideRows, 1, kWideRow}, compress);
+      f.write_rows("/x", 0, kWideRows, values.data());
+      ASSERT_LT(f.chunk_rows("/x"), 10);
+      ASSERT_TRUE(f.decodes_chunks("/x"));  // else both calls would be the same HDF5 read
+      h5::File::ChunkBuffers buffers;
+      for (auto [first, count] : ranges)
+        for (int threads : {2, 3}) {
+          std::vector<float> expected(count * kWideRow), got(count * kWideRow + 1, 123.0f);
+          const bool expected_finite = f.read_rows("/x", first, count, expected.data());
+          const bool finite = f.read_rows_parallel("/x", first, count, got.data(), threads, buffers);
+          EXPECT_EQ(finite, expected_finite);
+          EXPECT_EQ(finite, !(first * kWideRow <= kInfAt && kInfAt < (first + count) * kWideRow));
+          for (size_t i = 0; i < expected.size(); ++i)
+            ASSERT_EQ(float_bits(got[i]), float_bits(expected[i]))
+                << h5::element_name(element) << (compress ? " compressed " : " plain ") << first << "+" << count;
+          EXPECT_EQ(got.back(), 123.0f);
+        }
+      std::remove(path.c_str());
+    }
+}
+
+TEST(Dump, CorruptCompressedChunkIsAnErrorNamingTheFile) {
+  const std::vector<float> values = wide_values();
+  const std::string path = testing::TempDir() + "/corrupt_chunk.h5";
+  haddr_t address = 0;
+  hsize_t size = 0;
+  {
+    h5::File f = h5::File::create(path);
+    f.create_dataset("/x", h5::Element::float16, {kWideRows, 1, kWideRow});
+    f.write_rows("/x", 0, kWideRows, values.data());
+    hid_t d = H5Dopen2(f.id(), "/x", H5P_DEFAULT);
+    const hsize_t offset[3] = {static_cast<hsize_t>(f.chunk_rows("/x")), 0, 0};  // the second chunk
+    unsigned mask = 0;
+    ASSERT_GE(H5Dget_chunk_info_by_coord(d, offset, &mask, &address, &size), 0);
+    H5Dclose(d);
+  }
+  FILE* file = std::fopen(path.c_str(), "r+b");
+  ASSERT_NE(file, nullptr);
+  std::fseek(file, static_cast<long>(address + size / 2), SEEK_SET);
+  const char garbage[64] = "not a deflate stream, not a deflate stream, not a deflate strea";
+  std::fwrite(garbage, 1, sizeof garbage, file);
+  std::fclose(file);
+  h5::File f = h5::File::open_read(path);
+  h5::File::ChunkBuffers buffers;
+  std::vector<float> out(kWideRows * kWideRow);
+  try {
+    f.read_rows_parallel("/x", 0, kWideRows, out.data(), 2, buffers);
+    FAIL() << "corrupt chunk not detected";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(path), std::string::npos) << m;
+    EXPECT_NE(m.find("'/x'"), std::string::npos) << m;
+    EXPECT_NE(m.find("does not inflate"), std::string::npos) << m;  // found by our decoder
+  }
+  std::remove(path.c_str());
+}
+
 TEST(Dump, EveryFiniteFloat16ValueReadsBackExactly) {
   // The reader converts float16 with F16C where available: it must agree with the scalar conversion
   // on every finite half value (subnormals included).
