@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <thread>
 
 #include <fmt/ranges.h>
 
@@ -50,11 +51,13 @@ struct Accumulator {
 
 std::vector<LayerSummary> summarize_dump(const DumpReader& dump, int64_t block_tokens) {
   const int d = dump.info().geometry.head_dim;
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<LayerSummary> result;
+  LayerActivations a;  // reused block by block
   for (int layer : dump.info().layers) {
     Accumulator q, k, v;
     for (int64_t first = 0; first < dump.info().tokens; first += block_tokens) {
-      auto a = dump.read_layer(layer, first, std::min(block_tokens, dump.info().tokens - first));
+      dump.read_layer_into(a, layer, first, std::min(block_tokens, dump.info().tokens - first), true, threads);
       q.add(a.q, d);
       k.add(a.k, d);
       v.add(a.v, d);
