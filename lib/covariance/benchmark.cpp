@@ -3,6 +3,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -74,6 +75,17 @@ ReportTable run_calibration_benchmark(const std::string& dump_path, const Calibr
   const double flops = accumulation_flops(probe.info().tokens, static_cast<int>(probe.info().layers.size()),
                                           g.num_q_heads, g.num_kv_heads, d);
 
+  // Reading alone: the blocks of both passes (with and without queries), decoded as the accumulation
+  // decodes them, with no computation; shows what the dump's storage (compressed or not) costs.
+  start = std::chrono::steady_clock::now();
+  LayerActivations block;
+  for (int layer : probe.info().layers)
+    for (bool with_queries : {true, false})
+      for (int64_t first = 0; first < probe.info().tokens; first += options.block_tokens)
+        probe.read_layer_into(block, layer, first, std::min(options.block_tokens, probe.info().tokens - first),
+                              with_queries, threads);
+  const double read_seconds = seconds_since(start);
+
   CalibrateOptions calibrate;
   calibrate.quiet = true;
   calibrate.threads = threads;
@@ -103,6 +115,8 @@ ReportTable run_calibration_benchmark(const std::string& dump_path, const Calibr
                  std::string("token-layers/s")});
   table.add_row({std::string("accumulate_rate"), flops / accumulate_seconds / 1e9, std::string("GFLOP/s")});
   table.add_row({std::string("accumulate_vs_dsyrk"), 100.0 * flops / accumulate_seconds / 1e9 / syrk_gflops, std::string("%")});
+  table.add_row({std::string("read_time"), read_seconds,
+                 std::string("s (reading both passes' blocks alone, decoded on all threads, no computation)")});
   table.add_row({std::string("peak_memory"), memory_after_accumulate,
                  std::string("MiB (max RSS of the process after accumulation, dsyrk buffers included)")});
   table.add_row({std::string("calibrate_time"), calibrate_seconds, std::string("s (eigh + u_h_p, all layers)")});
