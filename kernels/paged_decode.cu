@@ -328,12 +328,14 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
           bmax1 = fmaxf(bmax1, s[t][2 * r + 1]);
         }
       }
-#pragma unroll
-      for (int off = 4; off < 32; off *= 2) {
-        bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
-        bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
-      }
+      // The max over the 16 token rows (lanes gid) is only needed when some lane's logits exceed the
+      // running max: after the first stages that is rare, and the shuffles stay off the common path.
       if (__any_sync(0xffffffffu, bmax0 > m0 || bmax1 > m1)) {
+#pragma unroll
+        for (int off = 4; off < 32; off *= 2) {
+          bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
+          bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
+        }
         const float mn0 = fmaxf(m0, bmax0), mn1 = fmaxf(m1, bmax1);
         const float corr0 = mn0 == m0 ? 1.f : exp2f(m0 - mn0), corr1 = mn1 == m1 ? 1.f : exp2f(m1 - mn1);
         m0 = mn0, m1 = mn1;
@@ -456,6 +458,12 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
     const size_t row0 = ((size_t)page * p.num_kv_heads + kv) * P + (blk % P);
     const int tok = blk + lane;
     const bool valid = tok < t_end;
+    if (valid) {
+      // The P.V loop below reads these value rows token by token: have them in L2 by then.
+      const char* vrow = reinterpret_cast<const char*>(p.bf16_values + (row0 + lane) * D);
+#pragma unroll
+      for (int off = 0; off < D * 2; off += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vrow + off));
+    }
     float s[kGroup];
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) s[h] = 0.f;
@@ -594,20 +602,19 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
     const bool two = i1 < n4;
     const int h0 = 4 * i0 / D, h1 = two ? 4 * i1 / D : h0;
     float4 a0 = make_float4(0.f, 0.f, 0.f, 0.f), a1 = a0;
-    int s = 0;
-    for (; s + U <= S; s += U) {
+    for (int s = 0; s < S; s += U) {  // the last round predicated: every round has its loads in flight
+      const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
       float4 v0[U], v1[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        v0[u] = __ldcg(po4 + (size_t)(s + u) * n4 + i0);
-        v1[u] = two ? __ldcg(po4 + (size_t)(s + u) * n4 + i1) : v0[u];
+        const bool in = s + u < S;
+        v0[u] = in ? __ldcg(po4 + (size_t)(s + u) * n4 + i0) : zero;
+        v1[u] = in && two ? __ldcg(po4 + (size_t)(s + u) * n4 + i1) : zero;
       }
 #pragma unroll
-      for (int u = 0; u < U; ++u) fma4(weight[(s + u) * g + h0], v0[u], a0), fma4(weight[(s + u) * g + h1], v1[u], a1);
-    }
-    for (; s < S; ++s) {
-      fma4(weight[s * g + h0], __ldcg(po4 + (size_t)s * n4 + i0), a0);
-      if (two) fma4(weight[s * g + h1], __ldcg(po4 + (size_t)s * n4 + i1), a1);
+      for (int u = 0; u < U; ++u) {
+        if (s + u < S) fma4(weight[(s + u) * g + h0], v0[u], a0), fma4(weight[(s + u) * g + h1], v1[u], a1);
+      }
     }
     const float f0 = inv[h0], f1 = inv[h1];
     reinterpret_cast<float4*>(merged)[i0] = make_float4(a0.x * f0, a0.y * f0, a0.z * f0, a0.w * f0);
