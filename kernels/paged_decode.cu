@@ -145,7 +145,10 @@ constexpr int smem_bytes() {
 
 // One CTA over INT2 tokens [t_begin, t_end) of (b, kv). Shared memory: the stage rings (ring) alias sh;
 // all warps call this (uniform), and it ends with sh.o/m/l written for heads < g.
-template <int D>
+// PAIRED (pages of >= 32 tokens): a warp's two tiles of a stage are 32 consecutive tokens of one page
+// (splits start at multiples of 128), so a stage reads one page-table entry and tile 1's copies are
+// tile 0's addresses plus a constant.
+template <int D, bool PAIRED>
 __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* ring, int b, int kv, int t_begin,
                          int t_end) {
   using G = Int2Geom<D>;
@@ -172,7 +175,10 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 #pragma unroll
     for (int t = 0; t < TILES; ++t) {
       const int tok = tile_start(k, t);
-      pg[t] = tok < t_end ? __ldg(table + (tok >> page_shift)) : 0;
+      if (PAIRED && t > 0)
+        pg[t] = pg[0];
+      else
+        pg[t] = tok < t_end ? __ldg(table + ((uint32_t)tok >> page_shift)) : 0;
     }
   };
   // Copy addresses: per-lane source bases and the shared-window ring address are computed once, so a
@@ -195,12 +201,15 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     for (int t = 0; t < TILES; ++t) {
       const int tok = tile_start(k, t);
       const bool live = tok < t_end;
-      // 32-bit row index (pools hold < 2^32 rows, checked on the host); 64-bit byte offsets.
-      const uint32_t row = (uint32_t)pg[t] * page_rows + kv_rows + (uint32_t)(tok & (P - 1));
+      // 32-bit row index of the tile's first token (pools hold < 2^32 rows, checked on the host);
+      // 64-bit byte offsets.
+      const int t0 = PAIRED ? 0 : t;
+      const uint32_t row = (uint32_t)pg[t0] * page_rows + kv_rows + (uint32_t)(tile_start(k, t0) & (P - 1));
+      const size_t code_off = (size_t)row * Q + (t - t0) * 16 * Q, meta_off = (size_t)row * 16 + (t - t0) * 256;
       const uint32_t tb = sbuf + t * G::TILE_BYTES;
 #pragma unroll
-      for (int j = 0; j < CPY; ++j) cp_async16_if(tb + j * 512, cbase[j] + (size_t)row * Q, live);
-      cp_async16_if(tb + 32 * Q, mbase + (size_t)row * 16, live && meta_lane);
+      for (int j = 0; j < CPY; ++j) cp_async16_if(tb + j * 512, cbase[j] + code_off, live);
+      cp_async16_if(tb + 32 * Q, mbase + meta_off, live && meta_lane);
     }
   };
 
@@ -659,8 +668,13 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
 // ---------------------------------------------------------------- kernel
 // Grid (1-D): INT2 CTAs (sequence, KV head, split) first, then BF16 CTAs; block 128 threads;
 // dynamic shared memory smem_bytes<D>().
-template <int D, bool HAS_INT2>
+// INT2 tier of a launch: absent, pages of 16 tokens (a page-table read per tile), or pages of >= 32
+// tokens (a read per stage, see int2_cta).
+enum class Int2Pages { none, small, paired };
+
+template <int D, Int2Pages PAGES>
 __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_decode_kernel(const PagedDecodeParams p) {
+  constexpr bool HAS_INT2 = PAGES != Int2Pages::none;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int is_last;
   CtaShared<D>& sh = *reinterpret_cast<CtaShared<D>*>(smem);
@@ -711,7 +725,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   __syncthreads();
   if (t_begin < t_end) {
     if (int2)
-      int2_cta<D>(p, sh, smem, b, kv, t_begin, t_end);
+      int2_cta<D, PAGES == Int2Pages::paired>(p, sh, smem, b, kv, t_begin, t_end);
     else
       bf16_warp<D>(p, sh, b, kv, t_begin, t_end);
   }
@@ -748,34 +762,34 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
 }
 
-template <int D, bool HAS_INT2>
+template <int D, Int2Pages PAGES>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   static const bool configured = [] {
-    cudaFuncSetAttribute(paged_decode_kernel<D, HAS_INT2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
+    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
     return true;
   }();
   (void)configured;
   const int pairs = p.batch * p.num_kv_heads;
   const unsigned ctas = (unsigned)(pairs * p.splits_total());
-  paged_decode_kernel<D, HAS_INT2><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
+  paged_decode_kernel<D, PAGES><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
 }
 
-template <bool HAS_INT2>
+template <Int2Pages PAGES>
 void launch_for_dim(const PagedDecodeParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
-    case 64: launch_kernel<64, HAS_INT2>(p, stream); break;
-    case 128: launch_kernel<128, HAS_INT2>(p, stream); break;
-    case 256: launch_kernel<256, HAS_INT2>(p, stream); break;
+    case 64: launch_kernel<64, PAGES>(p, stream); break;
+    case 128: launch_kernel<128, PAGES>(p, stream); break;
+    case 256: launch_kernel<256, PAGES>(p, stream); break;
     default: break;
   }
 }
 
 template <int D>
 int occupancy() {
-  cudaFuncSetAttribute(paged_decode_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
+  const auto kernel = paged_decode_kernel<D, Int2Pages::paired>;  // the default 64-token pages
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, paged_decode_kernel<D, true>, kThreads, smem_bytes<D>()) !=
-      cudaSuccess)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem_bytes<D>()) != cudaSuccess)
     return 1;
   return n > 0 ? n : 1;
 }
@@ -830,10 +844,12 @@ void check_paged_decode(const PagedDecodeParams& p) {
 
 void launch_paged_decode(const PagedDecodeParams& p, cudaStream_t stream) {
   check_paged_decode(p);
-  if (p.int2_splits > 0)
-    launch_for_dim<true>(p, stream);
+  if (p.int2_splits == 0)
+    launch_for_dim<Int2Pages::none>(p, stream);
+  else if (p.int2_page_size >= 32)
+    launch_for_dim<Int2Pages::paired>(p, stream);
   else
-    launch_for_dim<false>(p, stream);
+    launch_for_dim<Int2Pages::small>(p, stream);
 }
 
 int choose_split_chunk(long max_tokens, int batch, int num_kv_heads, int target_ctas, int quantum) {
