@@ -8,8 +8,8 @@
 // sum_t w_t v_hat_t = sum_t w_t s_t (c_t - z_t).
 // 2-bit codes become fp16 operands with one LOP3 each: a code at mantissa bits 4-5, 6-7 or 8-9 of a
 // half with exponent 64, 16 or 4 reads as (64 + c), (16 + c) or (4 + c) exactly; two shifts per
-// 32-bit word bring all 16 codes of a word to such positions (K), four shifts for V (whose offsets
-// stay <= 16 so the fp32 accumulation of the offset costs < 2^-20 relative). The offsets are constants
+// 32-bit word bring all 16 codes of a word to such positions (K), one byte swap and two shifts for V
+// (whose offsets stay <= 16 so the fp32 accumulation of the offset costs < 2^-20 relative). The offsets are constants
 // per channel and are removed afterwards: for K as sum_j q_j off_j per head, for V as off_c sum_t w_t.
 // The mma k index of QK and the m index of PV are channel permutations; both are undone exactly
 // (the q fragments are built in the permuted order, the output channels written back unpermuted).
@@ -98,13 +98,14 @@ __host__ __device__ constexpr KField k_field(int e) {
                            {1, 6, 0, 1}, {2, 4, 1, 1}, {2, 6, 1, 2}, {2, 8, 1, 3}};
   return t[e];
 }
-// V: 8 half2 per pair-word X from X, X << 6, X << 2, X >> 2, X >> 6 (offsets <= 16).
+// V: 8 half2 per pair-word X from X, X << 4, Y, Y << 4, Y = X with the two bytes of each half swapped
+// (one PRMT; offsets <= 16).
 struct VField {
-  int src, pos, b, qq;  // src 0: X, 1: X << 6, 2: X << 2, 3: X >> 2, 4: X >> 6
+  int src, pos, b, qq;  // src 0: X, 1: X << 4, 2: Y, 3: Y << 4
 };
 __host__ __device__ constexpr VField v_field(int f) {
-  constexpr VField t[8] = {{0, 6, 0, 3}, {0, 8, 1, 0}, {1, 6, 0, 0}, {1, 8, 0, 1},
-                           {2, 6, 0, 2}, {3, 8, 1, 1}, {4, 6, 1, 2}, {4, 8, 1, 3}};
+  constexpr VField t[8] = {{0, 6, 0, 3}, {0, 8, 1, 0}, {2, 6, 1, 3}, {2, 8, 0, 0},
+                           {1, 6, 0, 1}, {1, 8, 0, 2}, {3, 6, 1, 1}, {3, 8, 1, 2}};
   return t[f];
 }
 
@@ -242,7 +243,8 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       cp_async_commit();
     }
   }
-  // B fragments of q for head gid: chunk c = i / 2, slot i % 2 (b0 / b1), i = 8u + e for word
+  // B fragments of q * softmax_scale * log2e (logits come out in the log2 domain, up to the key scale)
+  // for head gid: chunk c = i / 2, slot i % 2 (b0 / b1), i = 8u + e for word
   // tq * KW + u and field e; lo half = byte 4w + b, hi half = byte 4w + 2 + b.
   uint32_t qf[G::CHUNKS][2];
   float qsum_own = 0.f, qoff_own = 0.f;
@@ -252,7 +254,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const KField f = k_field(e);
-        const uint32_t h = pack_half2(qraw[u][e][0], qraw[u][e][1]);
+        const uint32_t h = pack_half2(qraw[u][e][0] * logit_factor, qraw[u][e][1] * logit_factor);
         qf[(8 * u + e) / 2][e % 2] = h;
         const float2 r = unpack_half2(h);
         qsum_own += r.x + r.y;
@@ -300,7 +302,9 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
             kw[r][0] = v.x, kw[r][1] = v.y, kw[r][2] = v.z, kw[r][3] = v.w;
           }
         }
-        s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+        // The accumulators start at -sum_j q_j off_j (columns 2tq, 2tq + 1 = heads h0, h1).
+        s[t][0] = s[t][2] = -qoff0;
+        s[t][1] = s[t][3] = -qoff1;
 #pragma unroll
         for (int u = 0; u < KW; ++u) {
           uint32_t src[2][3];
@@ -329,10 +333,9 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
         for (int r = 0; r < 2; ++r) {
           const int tok = tile_start(k, t) + tile_token(gid + 8 * r);
           const float4 mt = meta[t][r];
-          const float alpha = logit_factor * mt.x;
           const bool valid = FULL || tok < t_end;
-          s[t][2 * r + 0] = valid ? alpha * (s[t][2 * r + 0] - fmaf(mt.y, qsum0, qoff0)) : -INFINITY;
-          s[t][2 * r + 1] = valid ? alpha * (s[t][2 * r + 1] - fmaf(mt.y, qsum1, qoff1)) : -INFINITY;
+          s[t][2 * r + 0] = valid ? mt.x * fmaf(-mt.y, qsum0, s[t][2 * r + 0]) : -INFINITY;
+          s[t][2 * r + 1] = valid ? mt.x * fmaf(-mt.y, qsum1, s[t][2 * r + 1]) : -INFINITY;
           bmax0 = fmaxf(bmax0, s[t][2 * r + 0]);
           bmax1 = fmaxf(bmax1, s[t][2 * r + 1]);
         }
@@ -387,11 +390,12 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
         }
 #pragma unroll
         for (int xi = 0; xi < NX; ++xi) {
-          uint32_t src[2][5];
+          uint32_t src[2][4];
 #pragma unroll
           for (int hi = 0; hi < 2; ++hi) {
             const uint32_t X = x[hi][xi];
-            src[hi][0] = X, src[hi][1] = X << 6, src[hi][2] = X << 2, src[hi][3] = X >> 2, src[hi][4] = X >> 6;
+            const uint32_t Y = __byte_perm(X, 0u, 0x2301);
+            src[hi][0] = X, src[hi][1] = X << 4, src[hi][2] = Y, src[hi][3] = Y << 4;
           }
 #pragma unroll
           for (int fp = 0; fp < 8; fp += 2) {
