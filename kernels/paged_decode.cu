@@ -451,6 +451,24 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
+// Sends the K and V rows of the 32-token block at blk (this lane's token) towards L2; for the warp's
+// first block, while the CTA stages q.
+template <int D>
+__device__ void bf16_prefetch_rows(const PagedDecodeParams& p, int b, int kv, int blk, int t_end) {
+  const int lane = threadIdx.x % 32;
+  if (blk + lane >= t_end) return;
+  const int P = p.bf16_page_size;
+  const int page = __ldg(p.bf16_page_table + (size_t)b * p.bf16_max_pages + blk / P);
+  const size_t row = ((size_t)page * p.num_kv_heads + kv) * P + (blk % P) + lane;
+  const char* krow = reinterpret_cast<const char*>(p.bf16_keys + row * D);
+  const char* vrow = reinterpret_cast<const char*>(p.bf16_values + row * D);
+#pragma unroll
+  for (int off = 0; off < D * 2; off += 128) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(krow + off));
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vrow + off));
+  }
+}
+
 template <int D>
 __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, int kv, int t_begin, int t_end) {
   constexpr int CPL = D / 32;  // channels per lane in P.V
@@ -524,7 +542,7 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
     __syncwarp();
     const int n = min(32, t_end - blk);
     const uint16_t* vbase = p.bf16_values + row0 * D + lane * CPL;
-#pragma unroll 8
+#pragma unroll 16
     for (int j = 0; j < n; ++j) {
       float v[CPL];
       const uint16_t* vp = vbase + (size_t)j * D;
@@ -651,10 +669,14 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
 #pragma unroll
     for (int u = 0; u < RU; ++u) r[u] = __ldg(rot4 + (size_t)(r0 + u) * (D / 4));
 #pragma unroll
-    for (int u = 0; u < RU; ++u) {
+    for (int u = 0; u < RU; u += 4) {
 #pragma unroll
-      for (int h = 0; h < kGroup; ++h)
-        if (h < g) fma4(merged[h * D + slice * ROWS + r0 + u], r[u], acc[h]);
+      for (int h = 0; h < kGroup; ++h) {
+        if (h < g) {
+          const float4 m = *reinterpret_cast<const float4*>(merged + h * D + slice * ROWS + r0 + u);
+          fma4(m.x, r[u], acc[h]), fma4(m.y, r[u + 1], acc[h]), fma4(m.z, r[u + 2], acc[h]), fma4(m.w, r[u + 3], acc[h]);
+        }
+      }
     }
   }
 #pragma unroll
@@ -722,9 +744,19 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     for (int i = threadIdx.x; i < kDecodeWarps * kGroup * D; i += blockDim.x) (&sh.o[0][0][0])[i] = 0.f;
   }
   if (!int2) {
+    // The q loads, then the first block's K and V rows sent towards L2 while they are in flight.
+    constexpr int QN = kGroup * D / kThreads;
     const float qscale = p.softmax_scale * kLog2e;
     const float* q = p.queries + ((size_t)b * p.num_kv_heads * g + (size_t)kv * g) * D;
-    for (int i = threadIdx.x; i < kGroup * D; i += blockDim.x) (&sh.q[0][0])[i] = i < g * D ? q[i] * qscale : 0.f;
+    float qv[QN];
+#pragma unroll
+    for (int u = 0; u < QN; ++u) {
+      const int i = threadIdx.x + u * kThreads;
+      qv[u] = i < g * D ? q[i] : 0.f;
+    }
+    if (t_begin < t_end) bf16_prefetch_rows<D>(p, b, kv, t_begin + (int)(threadIdx.x / 32) * 32, t_end);
+#pragma unroll
+    for (int u = 0; u < QN; ++u) (&sh.q[0][0])[threadIdx.x + u * kThreads] = qv[u] * qscale;
   }
   __syncthreads();
   if (t_begin < t_end) {
