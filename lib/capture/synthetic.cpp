@@ -2,12 +2,15 @@
 // orthonormal basis per (layer, KV head) with planted spectra, then rotated by position.
 #include "capture/synthetic.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include <Eigen/Dense>
 
 #include "common/error.h"
+#include "common/parallel.h"
 
 namespace oscar {
 namespace {
@@ -81,7 +84,9 @@ LayerActivations synthesize_layer(const SyntheticSpec& spec, int layer) {
   // Deeper layers: sharper query spectra (a real-model trend; gives per-layer variety).
   const double decay = 3.0 + 3.0 * std::exp(-0.1 * layer);
   const int half = d / 2;
-  for (int h = 0; h < hkv; ++h) {
+  // KV heads are independent (own seeds, disjoint outputs): one per thread.
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  parallel_for(hkv, threads, [&](int h) {
     Normal normal(mix(mix(spec.seed, static_cast<uint64_t>(layer)), static_cast<uint64_t>(h)));
     const MatrixF basis = random_orthonormal(d, normal);  // rows: directions
     // Low-frequency channels (largest i < d/2 and their partners) hold the massive key channels,
@@ -139,7 +144,7 @@ LayerActivations synthesize_layer(const SyntheticSpec& spec, int layer) {
         }
       }
     }
-  }
+  });
   return a;
 }
 
