@@ -2,6 +2,7 @@
 #include "io/dump.h"
 
 #include <algorithm>
+#include <thread>
 #include <cmath>
 #include <optional>
 
@@ -156,6 +157,7 @@ struct DumpWriter::Impl {
   AtomicOutputFile output;
   h5::File file;
   DumpInfo info;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));  // chunk encoding
   explicit Impl(const std::string& path) : output(path) {}
 };
 
@@ -199,7 +201,7 @@ void DumpWriter::write_layer(const LayerActivations& layer) {
                 layer.layer, name, data->size(), static_cast<size_t>(tokens) * heads * g.head_dim);
     std::string ds = layer_path(layer.layer, name);
     impl_->file.create_dataset(ds, element_of(info.dtype), {tokens, heads, g.head_dim}, info.compressed);
-    impl_->file.write_rows(ds, 0, tokens, data->data());
+    impl_->file.write_rows_parallel(ds, 0, tokens, data->data(), impl_->threads);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include <zlib.h>
 
@@ -396,67 +397,78 @@ bool File::read_rows(const std::string& dataset, int64_t first, int64_t count, f
   return transfer_rows(dataset, first, count, out, false);
 }
 
-// Whether the stored bytes of a dataset's chunks can be decoded here: chunked along rows only (whole
-// rows per chunk), every chunk filtered (no unfiltered partial chunks), filters shuffle and/or
-// deflate in the order create_dataset sets them, and a little-endian element layout we convert
-// ourselves (IEEE float32, IEEE float16, or bfloat16 bits). Sets the chunk rows and the filters.
-static bool decodable_chunks(hid_t dataset, Element e, const std::vector<int64_t>& dims,
-                             hsize_t& chunk_rows, bool& shuffled, bool& deflated) {
+// How a dataset's chunks are stored, when we can encode and decode them ourselves: chunked along
+// rows only (whole rows per chunk), every chunk filtered (no unfiltered partial chunks), filters
+// shuffle and/or deflate in the order create_dataset sets them, the default fill value (0), and a
+// little-endian element layout we convert ourselves (IEEE float32, IEEE float16, or bfloat16 bits).
+struct ChunkCodec {
+  hsize_t rows = 0;       // rows per chunk
+  bool shuffled = false;  // filter 0
+  bool deflated = false;  // the last filter
+  int level = 0;          // deflate level
+};
+
+static std::optional<ChunkCodec> chunk_codec(hid_t dataset, Element e, const std::vector<int64_t>& dims) {
+  if (e != Element::float32 && e != Element::float16 && e != Element::bfloat16) return std::nullopt;
   Handle plist(H5Dget_create_plist(dataset), H5Pclose);
-  if (H5Pget_layout(plist.id()) != H5D_CHUNKED) return false;
+  if (H5Pget_layout(plist.id()) != H5D_CHUNKED) return std::nullopt;
   std::vector<hsize_t> chunk(dims.size());
   if (H5Pget_chunk(plist.id(), static_cast<int>(chunk.size()), chunk.data()) != static_cast<int>(dims.size()))
-    return false;
+    return std::nullopt;
   for (size_t i = 1; i < dims.size(); ++i)
-    if (chunk[i] != static_cast<hsize_t>(dims[i])) return false;
-  chunk_rows = chunk[0];
+    if (chunk[i] != static_cast<hsize_t>(dims[i])) return std::nullopt;
+  ChunkCodec codec;
+  codec.rows = chunk[0];
   unsigned options = 0;
-  if (H5Pget_chunk_opts(plist.id(), &options) < 0 || (options & H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS)) return false;
+  if (H5Pget_chunk_opts(plist.id(), &options) < 0 || (options & H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS))
+    return std::nullopt;
+  H5D_fill_value_t fill = H5D_FILL_VALUE_ERROR;
+  if (H5Pfill_value_defined(plist.id(), &fill) < 0 || fill == H5D_FILL_VALUE_USER_DEFINED) return std::nullopt;
   const int filters = H5Pget_nfilters(plist.id());
-  shuffled = deflated = false;
   for (int f = 0; f < filters; ++f) {
-    unsigned flags = 0, config = 0, values[8];
+    unsigned flags = 0, config = 0, values[8] = {};
     size_t count = 8;
     const H5Z_filter_t id = H5Pget_filter2(plist.id(), static_cast<unsigned>(f), &flags, &count, values, 0, nullptr,
                                            &config);
-    if (id == H5Z_FILTER_SHUFFLE && f == 0) shuffled = true;
-    else if (id == H5Z_FILTER_DEFLATE && f == filters - 1) deflated = true;
-    else return false;
+    if (id == H5Z_FILTER_SHUFFLE && f == 0) {
+      codec.shuffled = true;
+    } else if (id == H5Z_FILTER_DEFLATE && f == filters - 1 && count >= 1) {
+      codec.deflated = true;
+      codec.level = static_cast<int>(values[0]);
+    } else {
+      return std::nullopt;
+    }
   }
   Handle type(H5Dget_type(dataset), H5Tclose);
-  if (H5Tget_order(type.id()) != H5T_ORDER_LE) return false;
-  if (e == Element::float32) return H5Tequal(type.id(), H5T_IEEE_F32LE) > 0;
+  if (H5Tget_order(type.id()) != H5T_ORDER_LE) return std::nullopt;
+  if (e == Element::float32) return H5Tequal(type.id(), H5T_IEEE_F32LE) > 0 ? std::optional(codec) : std::nullopt;
   if (e == Element::float16) {
     size_t sign = 0, exponent_pos = 0, exponent_bits = 0, mantissa_pos = 0, mantissa_bits = 0;
     H5Tget_fields(type.id(), &sign, &exponent_pos, &exponent_bits, &mantissa_pos, &mantissa_bits);
-    return sign == 15 && exponent_pos == 10 && exponent_bits == 5 && mantissa_pos == 0 && mantissa_bits == 10 &&
-           H5Tget_ebias(type.id()) == 15;
+    const bool ieee_half = sign == 15 && exponent_pos == 10 && exponent_bits == 5 && mantissa_pos == 0 &&
+                           mantissa_bits == 10 && H5Tget_ebias(type.id()) == 15;
+    return ieee_half ? std::optional(codec) : std::nullopt;
   }
-  return e == Element::bfloat16;
+  return codec;  // bfloat16: uint16 bits
 }
 
 bool File::decodes_chunks(const std::string& dataset) const {
-  const Element e = element(dataset);
-  if (e != Element::float32 && e != Element::float16 && e != Element::bfloat16) return false;
   Handle d = open_dataset(*this, dataset);
-  hsize_t chunk_rows = 0;
-  bool shuffled = false, deflated = false;
-  return decodable_chunks(d.id(), e, shape(dataset), chunk_rows, shuffled, deflated);
+  return chunk_codec(d.id(), element(dataset), shape(dataset)).has_value();
 }
 
 bool File::read_rows_parallel(const std::string& dataset, int64_t first, int64_t count, float* out, int threads,
                               ChunkBuffers& buffers) const {
   const Element e = element(dataset);
-  if (threads <= 1 || count <= 0 || (e != Element::float32 && e != Element::float16 && e != Element::bfloat16))
-    return read_rows(dataset, first, count, out);
+  if (threads <= 1 || count <= 0) return read_rows(dataset, first, count, out);
   Handle d = open_dataset(*this, dataset);
   const std::vector<int64_t> dims = shape(dataset);
   OSCAR_CHECK(!dims.empty() && first >= 0 && first + count <= dims[0], "{}: rows [{}, {}) outside '{}' with {} rows",
               path_, first, first + count, dataset, dims.empty() ? 0 : dims[0]);
-  hsize_t chunk_rows = 0;
-  bool shuffled = false, deflated = false;
-  if (!decodable_chunks(d.id(), e, dims, chunk_rows, shuffled, deflated))
-    return read_rows(dataset, first, count, out);
+  const std::optional<ChunkCodec> codec = chunk_codec(d.id(), e, dims);
+  if (!codec) return read_rows(dataset, first, count, out);
+  const hsize_t chunk_rows = codec->rows;
+  const bool shuffled = codec->shuffled, deflated = codec->deflated;
 
   const size_t bytes = element_bytes(e);
   size_t per_row = 1;
@@ -532,6 +544,77 @@ bool File::read_rows_parallel(const std::string& dataset, int64_t first, int64_t
     }
   });
   return std::all_of(finite.begin(), finite.end(), [](char f) { return f != 0; });
+}
+
+void File::write_rows_parallel(const std::string& dataset, int64_t first, int64_t count, const float* data,
+                               int threads) {
+  const Element e = element(dataset);
+  Handle d = open_dataset(*this, dataset);
+  const std::vector<int64_t> dims = shape(dataset);
+  const std::optional<ChunkCodec> codec = chunk_codec(d.id(), e, dims);
+  // Whole chunks only (the last may end at the end of the dataset): HDF5 would otherwise merge the
+  // rows into chunks already stored.
+  const int64_t rows = codec ? static_cast<int64_t>(codec->rows) : 0;
+  if (threads <= 1 || count <= 0 || !codec || first % rows != 0 || (count % rows != 0 && first + count != dims[0]))
+    return write_rows(dataset, first, count, data);
+
+  const size_t bytes = element_bytes(e);
+  size_t per_row = 1;
+  for (size_t i = 1; i < dims.size(); ++i) per_row *= static_cast<size_t>(dims[i]);
+  const size_t chunk_elements = static_cast<size_t>(rows) * per_row, chunk_bytes = chunk_elements * bytes;
+  const int chunks = static_cast<int>((count + rows - 1) / rows);
+  // Batches of chunks bound the memory: encoded on the threads, then stored in order on this one.
+  const int batch = std::max(1, threads) * 8;
+  std::vector<std::vector<unsigned char>> encoded(std::min(batch, chunks));
+  const int workers = parallel_workers(static_cast<int>(encoded.size()), threads);
+  std::vector<std::vector<unsigned char>> plain(workers), shuffled(workers);
+  for (int begin = 0; begin < chunks; begin += batch) {
+    const int n = std::min(batch, chunks - begin);
+    parallel_for(n, threads, [&](int i) {
+      const int64_t row_begin = first + static_cast<int64_t>(begin + i) * rows;
+      const size_t valid = static_cast<size_t>(std::min(rows, first + count - row_begin)) * per_row;
+      const float* src = data + static_cast<size_t>(row_begin - first) * per_row;
+      // Elements past the dataset's end keep the fill value 0, as HDF5 writes a partial chunk.
+      std::vector<unsigned char>& raw = plain[i % workers];
+      raw.assign(chunk_bytes, 0);
+      if (bytes == 4) {
+        std::memcpy(raw.data(), src, valid * 4);
+      } else {
+        for (size_t k = 0; k < valid; ++k) {
+          const uint16_t h = e == Element::float16 ? float_to_fp16(src[k]) : float_to_bf16(src[k]);
+          std::memcpy(raw.data() + 2 * k, &h, 2);
+        }
+      }
+      const std::vector<unsigned char>* stage = &raw;
+      if (codec->shuffled) {  // byte b of element k goes to b * chunk_elements + k
+        std::vector<unsigned char>& out = shuffled[i % workers];
+        out.resize(chunk_bytes);
+        for (size_t b = 0; b < bytes; ++b)
+          for (size_t k = 0; k < chunk_elements; ++k) out[b * chunk_elements + k] = raw[k * bytes + b];
+        stage = &out;
+      }
+      if (!codec->deflated) {
+        encoded[i] = *stage;
+        return;
+      }
+      // HDF5's deflate filter: zlib compress2 at the dataset's level into a buffer of
+      // ceil(1.001 n) + 12 bytes (more than zlib's bound, so it always fits).
+      encoded[i].resize(static_cast<size_t>(std::ceil(static_cast<double>(chunk_bytes) * static_cast<double>(1.001f))) +
+                        12);
+      uLongf length = static_cast<uLongf>(encoded[i].size());
+      const int status = compress2(encoded[i].data(), &length, stage->data(), static_cast<uLong>(chunk_bytes),
+                                   codec->level);
+      OSCAR_CHECK(status == Z_OK, "{}: cannot compress a chunk of '{}' (zlib error {})", path_, dataset, status);
+      encoded[i].resize(length);
+    });
+    for (int i = 0; i < n; ++i) {
+      std::vector<hsize_t> offset(dims.size(), 0);
+      offset[0] = static_cast<hsize_t>(first + static_cast<int64_t>(begin + i) * rows);
+      OSCAR_CHECK(H5Dwrite_chunk(d.id(), H5P_DEFAULT, 0, offset.data(), encoded[i].size(),
+                                 encoded[i].data()) >= 0,
+                  "{}: cannot write the chunk at row {} of '{}'", path_, offset[0], dataset);
+    }
+  }
 }
 
 void File::write_rows(const std::string& dataset, int64_t first, int64_t count, const float* data) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "capture/synthetic.h"
 #include "common/error.h"
@@ -198,6 +199,59 @@ TEST(Dump, ParallelChunkReadsMatchHdf5Reads) {
         }
       std::remove(path.c_str());
     }
+}
+
+// The stored bytes and filter mask of every chunk of a dataset.
+std::vector<std::pair<uint32_t, std::vector<unsigned char>>> stored_chunks(const h5::File& f, const std::string& name) {
+  std::vector<std::pair<uint32_t, std::vector<unsigned char>>> chunks;
+  const auto dims = f.shape(name);
+  const int64_t rows = f.chunk_rows(name);
+  hid_t d = H5Dopen2(f.id(), name.c_str(), H5P_DEFAULT);
+  for (int64_t first = 0; first < dims[0]; first += rows) {
+    std::vector<hsize_t> offset(dims.size(), 0);
+    offset[0] = static_cast<hsize_t>(first);
+    hsize_t size = 0;
+    EXPECT_GE(H5Dget_chunk_storage_size(d, offset.data(), &size), 0);
+    std::pair<uint32_t, std::vector<unsigned char>> chunk{0, std::vector<unsigned char>(size)};
+    EXPECT_GE(H5Dread_chunk(d, H5P_DEFAULT, offset.data(), &chunk.first, chunk.second.data()), 0);
+    chunks.push_back(std::move(chunk));
+  }
+  H5Dclose(d);
+  return chunks;
+}
+
+TEST(Dump, ParallelChunkWritesStoreTheSameBytesAsHdf5) {
+  // write_rows_parallel encodes chunks itself (convert, shuffle, deflate at the dataset's level) on
+  // several threads: every stored chunk and filter mask must equal what HDF5's own filters store,
+  // including a partial last chunk and chunks too random to compress (deflate output larger).
+  std::vector<float> values = wide_values();
+  std::vector<float> noise(values.size());
+  uint64_t state = 88172645463325252ull;
+  for (float& x : noise) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    const uint32_t bits = static_cast<uint32_t>(state);
+    std::memcpy(&x, &bits, 4);
+  }
+  const int64_t rows = 22;  // not a multiple of the chunk rows (8 for float16, 4 for float32)
+  for (auto element : {h5::Element::float32, h5::Element::float16, h5::Element::bfloat16})
+    for (bool compress : {true, false})
+      for (const std::vector<float>* source : {&values, &noise}) {
+        if (source == &noise && element != h5::Element::float32) continue;  // only float32 keeps random bits
+        const std::string path = testing::TempDir() + "/wide_write.h5";
+        h5::File f = h5::File::create(path);
+        f.create_dataset("/serial", element, {rows, 1, kWideRow}, compress);
+        f.create_dataset("/parallel", element, {rows, 1, kWideRow}, compress);
+        ASSERT_TRUE(f.decodes_chunks("/parallel"));
+        f.write_rows("/serial", 0, rows, source->data());
+        f.write_rows_parallel("/parallel", 0, rows, source->data(), 3);
+        const auto serial = stored_chunks(f, "/serial"), parallel = stored_chunks(f, "/parallel");
+        ASSERT_EQ(serial.size(), parallel.size());
+        for (size_t c = 0; c < serial.size(); ++c) {
+          EXPECT_EQ(parallel[c].first, serial[c].first) << "filter mask of chunk " << c;
+          EXPECT_TRUE(parallel[c].second == serial[c].second) << h5::element_name(element) << " chunk " << c;
+        }
+        std::remove(path.c_str());
+      }
 }
 
 TEST(Dump, CorruptCompressedChunkIsAnErrorNamingTheFile) {
