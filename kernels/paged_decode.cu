@@ -14,12 +14,13 @@
 // The mma k index of QK and the m index of PV are channel permutations; both are undone exactly
 // (the q fragments are built in the permuted order, the output channels written back unpermuted).
 //
-// BF16 path: plain fp32 FMA (a lane per token for q.k, a lane per channel slice for p.v).
+// BF16 path: mma.sync on bf16 operands, queries and softmax weights as two bf16 terms each (see bf16_warp).
 #include <cmath>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "paged_decode.h"
@@ -136,12 +137,16 @@ struct CtaShared {
   float o[kDecodeWarps][kGroup][D];
   float m[kDecodeWarps][kGroup];
   float l[kDecodeWarps][kGroup];
-  float q[kGroup][D];                 // BF16 path: queries * scale * log2e
-  float p[kDecodeWarps][kGroup][32];  // BF16 path: probabilities of the current 32-token block
 };
+// BF16 path: each warp's q fragments (hi and lo bf16 terms) after CtaShared, [warp][D / 16][2][32] uint2.
+template <int D>
+constexpr int bf16_q_bytes() {
+  return kDecodeWarps * (D / 16) * 2 * 32 * 8;
+}
 template <int D>
 constexpr int smem_bytes() {
-  return (int)sizeof(CtaShared<D>) > Int2Geom<D>::CTA_BYTES ? (int)sizeof(CtaShared<D>) : Int2Geom<D>::CTA_BYTES;
+  constexpr int bf16 = (int)sizeof(CtaShared<D>) + bf16_q_bytes<D>();
+  return bf16 > Int2Geom<D>::CTA_BYTES ? bf16 : Int2Geom<D>::CTA_BYTES;
 }
 
 // One CTA over INT2 tokens [t_begin, t_end) of (b, kv). Shared memory: the stage rings (ring) alias sh;
@@ -448,136 +453,166 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 }
 
 // ---------------------------------------------------------------- BF16 path
-__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
-
-// Sends the K and V rows of the 32-token block at blk (this lane's token) towards L2; for the warp's
-// first block, while the CTA stages q.
-template <int D>
-__device__ void bf16_prefetch_rows(const PagedDecodeParams& p, int b, int kv, int blk, int t_end) {
-  const int lane = threadIdx.x % 32;
-  if (blk + lane >= t_end) return;
-  const int P = p.bf16_page_size;
-  const int page = __ldg(p.bf16_page_table + (size_t)b * p.bf16_max_pages + blk / P);
-  const size_t row = ((size_t)page * p.num_kv_heads + kv) * P + (blk % P) + lane;
-  const char* krow = reinterpret_cast<const char*>(p.bf16_keys + row * D);
-  const char* vrow = reinterpret_cast<const char*>(p.bf16_values + row * D);
-#pragma unroll
-  for (int off = 0; off < D * 2; off += 128) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(krow + off));
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vrow + off));
-  }
+// A warp takes 32-token blocks (two 16-token tiles) and runs both products on mma.sync m16n8k16 with bf16
+// operands and fp32 accumulation, the g query heads as n = 8 like the INT2 path. Operands split in two
+// bf16 terms (x = hi + lo, hi = RN_bf16(x), lo = RN_bf16(x - hi): ~16 significant bits) for the queries and
+// the softmax weights; the cache values are bf16 already, so both products are exact up to fp32
+// accumulation and the dropped lo * (bf16 value) term of ~2^-17 relative.
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t word(const uint4& x, int i) {
+  return i == 0 ? x.x : i == 1 ? x.y : i == 2 ? x.z : x.w;
+}
+// (hi, lo) bf16x2 words of the pair (x0, x1), x0 in the low half.
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
+// Channel order of the QK product: chunk 2c + e (16 channels) takes channels 32c + 8tq + 4e + {0, 1, 2, 3}
+// at k slots {2tq, 2tq + 1, 2tq + 8, 2tq + 9}, so a 16-byte load of a key row feeds two chunks.
+// P.V: lane (gid, tq) owns output channels [gid * D / 8, +D / 8); m-tile i rows gid / gid + 8 are its
+// channels 2i / 2i + 1, and the k slots are the tile's tokens in order.
 template <int D>
 __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, int kv, int t_begin, int t_end) {
-  constexpr int CPL = D / 32;  // channels per lane in P.V
+  constexpr int CHUNKS = D / 16, KV4 = D / 32, MT = D / 16, VW = D / 64;  // VW: uint4 per row per lane in P.V
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gid = lane / 4, tq = lane % 4;
   const int g = p.group;
   const int P = p.bf16_page_size;
   const int32_t* table = p.bf16_page_table + (size_t)b * p.bf16_max_pages;
-  float o[kGroup][CPL];
-  float m[kGroup], l[kGroup];
+
+  // B fragments of q * softmax_scale * log2e for head gid (zero for heads >= g), hi and lo terms, kept in
+  // shared memory (registers are the INT2 path's budget): qf[chunk][term][lane].
+  uint2* qf = reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(&sh) + sizeof(CtaShared<D>)) +
+              warp * CHUNKS * 2 * 32;
+  {
+    const float scale = p.softmax_scale * kLog2e;
+    const float* q = p.queries + ((size_t)b * p.num_kv_heads * g + (size_t)kv * g + gid) * D;
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
-    m[h] = -INFINITY, l[h] = 0.f;
-#pragma unroll
-    for (int c = 0; c < CPL; ++c) o[h][c] = 0.f;
+    for (int c = 0; c < KV4; ++c) {
+      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+      if (gid < g) {
+        x0 = *reinterpret_cast<const float4*>(q + 32 * c + 8 * tq);
+        x1 = *reinterpret_cast<const float4*>(q + 32 * c + 8 * tq + 4);
+      }
+      uint2 h0, l0, h1, l1;
+      split_bf16x2(x0.x * scale, x0.y * scale, h0.x, l0.x);
+      split_bf16x2(x0.z * scale, x0.w * scale, h0.y, l0.y);
+      split_bf16x2(x1.x * scale, x1.y * scale, h1.x, l1.x);
+      split_bf16x2(x1.z * scale, x1.w * scale, h1.y, l1.y);
+      qf[(4 * c + 0) * 32 + lane] = h0, qf[(4 * c + 1) * 32 + lane] = l0;
+      qf[(4 * c + 2) * 32 + lane] = h1, qf[(4 * c + 3) * 32 + lane] = l1;
+    }
+    __syncwarp();
   }
+  float o[MT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads 2tq, 2tq + 1
+
   for (int blk = t_begin + warp * 32; blk < t_end; blk += kDecodeWarps * 32) {
     const int page = table[blk / P];
-    const size_t row0 = ((size_t)page * p.num_kv_heads + kv) * P + (blk % P);
-    const int tok = blk + lane;
-    const bool valid = tok < t_end;
-    if (valid) {
-      // The P.V loop below reads these value rows token by token: have them in L2 by then.
+    const size_t row0 = ((size_t)page * p.num_kv_heads + kv) * P + (blk % P);  // a block lies in one page
+    if (blk + lane < t_end) {
+      // The P.V part reads these value rows after the QK part: have them in L2 by then.
       const char* vrow = reinterpret_cast<const char*>(p.bf16_values + (row0 + lane) * D);
 #pragma unroll
       for (int off = 0; off < D * 2; off += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vrow + off));
     }
-    float s[kGroup];
 #pragma unroll
-    for (int h = 0; h < kGroup; ++h) s[h] = 0.f;
-    if (valid) {
-      const uint4* kp = reinterpret_cast<const uint4*>(p.bf16_keys + (row0 + lane) * D);
-      constexpr int HALF = D / 8 > 8 ? 8 : D / 8;  // 16-byte loads in flight per lane (register budget)
+    for (int t = 0; t < 2; ++t) {
+      const int tile = blk + 16 * t;
+      if (tile >= t_end) break;
+      // S [16 tokens x 8 heads]: rows gid, gid + 8. Rows past t_end read in-page memory, masked below.
+      float s[4] = {0.f, 0.f, 0.f, 0.f}, s_lo[4] = {0.f, 0.f, 0.f, 0.f};
+      {
+        const uint4* k0 = reinterpret_cast<const uint4*>(p.bf16_keys + (row0 + 16 * t + gid) * D) + tq;
+        const uint4* k1 = k0 + D / 8 * 8;  // row gid + 8
 #pragma unroll
-      for (int part = 0; part < D / 8; part += HALF) {
-        uint4 kv4[HALF];
+        for (int c = 0; c < KV4; ++c) {
+          const uint4 ka = __ldg(k0 + 4 * c), kb = __ldg(k1 + 4 * c);
+          const uint2 h0 = qf[(4 * c + 0) * 32 + lane], l0 = qf[(4 * c + 1) * 32 + lane];
+          const uint2 h1 = qf[(4 * c + 2) * 32 + lane], l1 = qf[(4 * c + 3) * 32 + lane];
+          mma_bf16_16816(s, ka.x, kb.x, ka.y, kb.y, h0.x, h0.y);
+          mma_bf16_16816(s_lo, ka.x, kb.x, ka.y, kb.y, l0.x, l0.y);
+          mma_bf16_16816(s, ka.z, kb.z, ka.w, kb.w, h1.x, h1.y);
+          mma_bf16_16816(s_lo, ka.z, kb.z, ka.w, kb.w, l1.x, l1.y);
+        }
+      }
+      const bool valid0 = tile + gid < t_end, valid1 = tile + gid + 8 < t_end;
+      s[0] = valid0 ? s[0] + s_lo[0] : -INFINITY;
+      s[1] = valid0 ? s[1] + s_lo[1] : -INFINITY;
+      s[2] = valid1 ? s[2] + s_lo[2] : -INFINITY;
+      s[3] = valid1 ? s[3] + s_lo[3] : -INFINITY;
+      float bmax0 = fmaxf(s[0], s[2]), bmax1 = fmaxf(s[1], s[3]);
 #pragma unroll
-        for (int i = 0; i < HALF; ++i) kv4[i] = __ldg(kp + part + i);
+      for (int off = 4; off < 32; off *= 2) {
+        bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
+        bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
+      }
+      const float mn0 = fmaxf(m0, bmax0), mn1 = fmaxf(m1, bmax1);  // finite: the tile's row 0 is valid
+      const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
+      m0 = mn0, m1 = mn1;
+      l0 *= corr0, l1 *= corr1;
 #pragma unroll
-        for (int i = 0; i < HALF; ++i) {
-          const float k[8] = {bf16_lo(kv4[i].x), bf16_hi(kv4[i].x), bf16_lo(kv4[i].y), bf16_hi(kv4[i].y),
-                              bf16_lo(kv4[i].z), bf16_hi(kv4[i].z), bf16_lo(kv4[i].w), bf16_hi(kv4[i].w)};
+      for (int i = 0; i < MT; ++i) o[i][0] *= corr0, o[i][1] *= corr1, o[i][2] *= corr0, o[i][3] *= corr1;
+      const float p00 = valid0 ? exp2f(s[0] - m0) : 0.f, p01 = valid0 ? exp2f(s[1] - m1) : 0.f;
+      const float p10 = valid1 ? exp2f(s[2] - m0) : 0.f, p11 = valid1 ? exp2f(s[3] - m1) : 0.f;
+      l0 += p00 + p10, l1 += p01 + p11;
+      // B fragments of P^T (k = tokens, n = head gid) by transposing the (token, head pair) words.
+      uint32_t h0, lo0, h1, lo1;
+      split_bf16x2(p00, p01, h0, lo0);
+      split_bf16x2(p10, p11, h1, lo1);
+      const uint32_t pb0 = transpose_8x8_b16(h0), pb1 = transpose_8x8_b16(h1);
+      const uint32_t pl0 = transpose_8x8_b16(lo0), pl1 = transpose_8x8_b16(lo1);
+      // A fragments of V^T: tokens 2tq, 2tq + 1, 2tq + 8, 2tq + 9 of the tile, zero past t_end (the
+      // weight is 0 there, but in-page memory past the length may hold anything).
 #pragma unroll
-          for (int h = 0; h < kGroup; ++h) {
-            if (h < g) {
-              const float4 qa = *reinterpret_cast<const float4*>(&sh.q[h][(part + i) * 8]);
-              const float4 qb = *reinterpret_cast<const float4*>(&sh.q[h][(part + i) * 8 + 4]);
-              s[h] += qa.x * k[0] + qa.y * k[1] + qa.z * k[2] + qa.w * k[3] + qb.x * k[4] + qb.y * k[5] +
-                      qb.z * k[6] + qb.w * k[7];
-            }
-          }
+      for (int w = 0; w < VW; ++w) {  // 16 bytes of each of the four rows: m-tiles 4w .. 4w + 3
+        uint4 v[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int tr = 2 * tq + (r & 1) + 8 * (r >> 1);  // tokens 2tq, 2tq + 1, 2tq + 8, 2tq + 9
+          const uint4* vp = reinterpret_cast<const uint4*>(p.bf16_values + (row0 + 16 * t + tr) * D) + gid * VW + w;
+          v[r] = tile + tr < t_end ? __ldg(vp) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const uint32_t w0 = word(v[0], e), w1 = word(v[1], e), w2 = word(v[2], e), w3 = word(v[3], e);
+          const uint32_t a0 = __byte_perm(w0, w1, 0x5410), a1 = __byte_perm(w0, w1, 0x7632);
+          const uint32_t a2 = __byte_perm(w2, w3, 0x5410), a3 = __byte_perm(w2, w3, 0x7632);
+          mma_bf16_16816(o[4 * w + e], a0, a1, a2, a3, pb0, pb1);
+          mma_bf16_16816(o[4 * w + e], a0, a1, a2, a3, pl0, pl1);
         }
       }
     }
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      if (h < g) {
-        float x = valid ? s[h] : -INFINITY;
-        float bm = x;
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, off));
-        const float mn = fmaxf(m[h], bm);
-        const float corr = exp2f(m[h] - mn);
-        m[h] = mn;
-        const float pr = exp2f(x - mn);
-        l[h] = l[h] * corr + pr;
-        sh.p[warp][h][lane] = pr;
-#pragma unroll
-        for (int c = 0; c < CPL; ++c) o[h][c] *= corr;
-      }
-    }
-    __syncwarp();
-    const int n = min(32, t_end - blk);
-    const uint16_t* vbase = p.bf16_values + row0 * D + lane * CPL;
-#pragma unroll 16
-    for (int j = 0; j < n; ++j) {
-      float v[CPL];
-      const uint16_t* vp = vbase + (size_t)j * D;
-      if constexpr (CPL == 8) {
-        uint4 r = __ldg(reinterpret_cast<const uint4*>(vp));
-        v[0] = bf16_lo(r.x), v[1] = bf16_hi(r.x), v[2] = bf16_lo(r.y), v[3] = bf16_hi(r.y);
-        v[4] = bf16_lo(r.z), v[5] = bf16_hi(r.z), v[6] = bf16_lo(r.w), v[7] = bf16_hi(r.w);
-      } else if constexpr (CPL == 4) {
-        uint2 r = __ldg(reinterpret_cast<const uint2*>(vp));
-        v[0] = bf16_lo(r.x), v[1] = bf16_hi(r.x), v[2] = bf16_lo(r.y), v[3] = bf16_hi(r.y);
-      } else {
-        uint32_t r = __ldg(reinterpret_cast<const unsigned int*>(vp));
-        v[0] = bf16_lo(r), v[1] = bf16_hi(r);
-      }
-#pragma unroll
-      for (int h = 0; h < kGroup; ++h) {
-        if (h < g) {
-          const float pr = sh.p[warp][h][j];
-#pragma unroll
-          for (int c = 0; c < CPL; ++c) o[h][c] += pr * v[c];
-        }
-      }
-    }
-    __syncwarp();
   }
+  // Reduce l over the 16 token rows (gid); write this warp's state (o unnormalised, as the INT2 path).
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
-    if (h < g) {
-      float lsum = l[h];
+  for (int off = 4; off < 32; off *= 2) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+  }
+  const int h0 = 2 * tq, h1 = 2 * tq + 1;
 #pragma unroll
-      for (int off = 16; off > 0; off /= 2) lsum += __shfl_xor_sync(0xffffffffu, lsum, off);
-#pragma unroll
-      for (int c = 0; c < CPL; ++c) sh.o[warp][h][lane * CPL + c] = o[h][c];
-      if (lane == 0) sh.m[warp][h] = m[h], sh.l[warp][h] = lsum;
-    }
+  for (int i = 0; i < MT; ++i) {
+    const int ch = gid * (D / 8) + 2 * i;
+    if (h0 < g) sh.o[warp][h0][ch] = o[i][0], sh.o[warp][h0][ch + 1] = o[i][2];
+    if (h1 < g) sh.o[warp][h1][ch] = o[i][1], sh.o[warp][h1][ch + 1] = o[i][3];
+  }
+  if (gid == 0) {
+    if (h0 < g) sh.m[warp][h0] = m0, sh.l[warp][h0] = l0;
+    if (h1 < g) sh.m[warp][h1] = m1, sh.l[warp][h1] = l1;
   }
 }
 
@@ -674,7 +709,8 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
       for (int h = 0; h < kGroup; ++h) {
         if (h < g) {
           const float4 m = *reinterpret_cast<const float4*>(merged + h * D + slice * ROWS + r0 + u);
-          fma4(m.x, r[u], acc[h]), fma4(m.y, r[u + 1], acc[h]), fma4(m.z, r[u + 2], acc[h]), fma4(m.w, r[u + 3], acc[h]);
+          fma4(m.x, r[u], acc[h]), fma4(m.y, r[u + 1], acc[h]);
+          fma4(m.z, r[u + 2], acc[h]), fma4(m.w, r[u + 3], acc[h]);
         }
       }
     }
@@ -742,21 +778,6 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
       (&sh.l[0][0])[i] = 0.f;
     }
     for (int i = threadIdx.x; i < kDecodeWarps * kGroup * D; i += blockDim.x) (&sh.o[0][0][0])[i] = 0.f;
-  }
-  if (!int2) {
-    // The q loads, then the first block's K and V rows sent towards L2 while they are in flight.
-    constexpr int QN = kGroup * D / kThreads;
-    const float qscale = p.softmax_scale * kLog2e;
-    const float* q = p.queries + ((size_t)b * p.num_kv_heads * g + (size_t)kv * g) * D;
-    float qv[QN];
-#pragma unroll
-    for (int u = 0; u < QN; ++u) {
-      const int i = threadIdx.x + u * kThreads;
-      qv[u] = i < g * D ? q[i] : 0.f;
-    }
-    if (t_begin < t_end) bf16_prefetch_rows<D>(p, b, kv, t_begin + (int)(threadIdx.x / 32) * 32, t_end);
-#pragma unroll
-    for (int u = 0; u < QN; ++u) (&sh.q[0][0])[threadIdx.x + u * kThreads] = qv[u] * qscale;
   }
   __syncthreads();
   if (t_begin < t_end) {
