@@ -108,10 +108,11 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     // INT2 splits: minimise (waves of CTAs) x (tokens per CTA + a fixed start-up cost) + a merge cost
     // per split, over chunks that are multiples of the split quantum (costs in tokens).
     const long q = kernels::kInt2SplitQuantum, len = cache.max_int2_length;
-    // CTAs of more than 32K tokens leave the end of the launch waiting on the slowest of them (H200,
-    // batch 64 / 128K: one split of 130816 tokens 1821 us, three of 43648 1704 us): the search starts
-    // at chunks of at most 32K tokens.
-    constexpr long kMaxChunk = 32768;
+    // Long CTAs leave the end of the launch waiting on the slowest of them, and the waves count above
+    // does not see it (H200, batch 64 / 128K: 1 split of 130816 tokens 1821 us, 4 of 32768 1649 us,
+    // 11 of 11904 1625 us; batch 32 / 32K: 2 of 16256 242.6 us, 4 of 8192 237.5 us): the search starts
+    // at chunks of at most 12K tokens.
+    constexpr long kMaxChunk = 12288;
     double best = 0;
     for (long s = (len + kMaxChunk - 1) / kMaxChunk; s <= (len + q - 1) / q; ++s) {
       const long chunk = ((len + s - 1) / s + q - 1) / q * q;
