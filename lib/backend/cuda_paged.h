@@ -81,7 +81,9 @@ size_t paged_cache_device_bytes(const PagedCacheGeometry& geometry, const std::v
 
 // Splits of each tier (0 splits if a tier is empty). INT2: the split count that minimises waves x
 // tokens per CTA for ctas_per_sm resident CTAs per multiprocessor (<= 0: the kernel's occupancy), with
-// at most 12K tokens per CTA; BF16: about ctas_per_sm * SMs CTAs over the longest sequence.
+// at most 12K tokens per CTA; BF16: as many CTAs as the INT2 CTAs' last wave leaves slots free (about
+// ctas_per_sm * SMs without INT2 tokens), at least one per (sequence, KV head), each at most 1/8 of an
+// INT2 CTA's tokens.
 struct CudaDecodePlan {
   int int2_splits = 0, int2_chunk = 128, bf16_splits = 0, bf16_chunk = 128;
   int splits_total() const { return int2_splits + bf16_splits; }
