@@ -137,8 +137,8 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     const long q16 = kernels::kBf16SplitQuantum;
     const long int2_ctas = pairs * plan.int2_splits;
     const long free_slots = int2_ctas > 0 ? (int2_ctas + slots - 1) / slots * slots - int2_ctas : slots;
-    const long longest = int2_ctas > 0 ? std::max(q16, plan.int2_chunk / 8 / q16 * q16) : q16;
-    const long min_splits = (cache.max_bf16_length + longest - 1) / longest;
+    const long longest = std::max(q16, plan.int2_chunk / 8 / q16 * q16);
+    const long min_splits = int2_ctas > 0 ? (cache.max_bf16_length + longest - 1) / longest : 1;
     plan.bf16_chunk = kernels::choose_split_chunk(cache.max_bf16_length, g.batch, g.num_kv_heads,
                                                   static_cast<int>(std::max(free_slots, pairs * min_splits)), q16);
     plan.bf16_splits = (cache.max_bf16_length + plan.bf16_chunk - 1) / plan.bf16_chunk;
