@@ -71,13 +71,13 @@ class BlockStream {
   std::future<void> next_;
 };
 
-// Rows of one KV head out of a [T, H, d] block: the g heads h*g..h*g+g-1 of each token, as float64.
-void gather_rows(const std::vector<float>& block, int64_t tokens, int heads, int first_head, int count, int d,
+// Rows [first, first + count) of head `head` out of a [T, heads, d] block, as float64.
+void gather_head(const std::vector<float>& block, int heads, int head, int d, int64_t first, int64_t count,
                  std::vector<double>& out) {
-  out.resize(static_cast<size_t>(tokens) * count * d);
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float* src = block.data() + (static_cast<size_t>(t) * heads + first_head) * d;
-    std::copy(src, src + static_cast<size_t>(count) * d, out.data() + static_cast<size_t>(t) * count * d);
+  out.resize(static_cast<size_t>(count) * d);
+  for (int64_t t = 0; t < count; ++t) {
+    const float* src = block.data() + (static_cast<size_t>(first + t) * heads + head) * d;
+    std::copy(src, src + d, out.data() + static_cast<size_t>(t) * d);
   }
 }
 
@@ -123,42 +123,64 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
 
   const int d = geometry.head_dim, hq = geometry.num_q_heads, hkv = geometry.num_kv_heads, g = geometry.group_size();
   const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  openblas_set_num_threads(1);  // parallelism is across KV heads; BLAS calls stay single-threaded
+  openblas_set_num_threads(1);  // parallelism is across work items; BLAS calls stay single-threaded
   const size_t dd = static_cast<size_t>(d) * d;
 
   // Work in token units: 2 streaming passes (+1 for scores) per layer per dump.
   const double passes = options.score_queries > 0 ? 3.0 : 2.0;
   Progress progress("accumulate", passes * stats.tokens * layers.size(), "tokens", options.quiet);
 
-  // Buffers reused for the whole run: the two blocks of the stream, and float64 rows per worker
-  // (parallel_for runs item i on worker i % workers).
+  // Work items of equal size (one head's rows of a block), many more than KV heads so that every
+  // core has work: pass 1 has one item per query head (into its own partial C_Q sum), per K head and
+  // per V head; pass 2 one per KV head and token quarter of the block (into partial proxy sums).
+  // Partial sums are added up in a fixed order at the end of the layer: the result does not depend on
+  // the thread count.
+  constexpr int kProxyParts = 4;
+  const int items1 = hq + 2 * hkv, items2 = hkv * kProxyParts;
+  const int workers1 = parallel_workers(items1, threads), workers2 = parallel_workers(items2, threads);
+  // Buffers reused for the whole run: the two blocks of the stream, float64 rows per worker
+  // (parallel_for runs item i on worker i % workers), the partial sums.
   LayerActivations block, spare;
-  const int workers = parallel_workers(hkv, threads);
   struct Scratch {
     std::vector<double> rows, keys, weighted_keys;
   };
-  std::vector<Scratch> scratch(workers);
+  std::vector<Scratch> scratch(std::max(workers1, workers2));
+  std::vector<double> query_partial(hq * dd), proxy_partial(items2 * dd), proxy_weight(items2);
 
   for (int layer : layers) {
     LayerStatistics& ls = *const_cast<LayerStatistics*>(stats.find_layer(layer));
     // Pass 1: C_Q, K^T K, V^T V.
+    std::fill(query_partial.begin(), query_partial.end(), 0.0);
     for (const auto& r : readers) {
       BlockStream stream(*r, layer, options.block_tokens, true, threads, spare);
       while (stream.next(block)) {
         const int64_t n = block.tokens;
-        parallel_for(hkv, threads, [&](int h) {
-          std::vector<double>& rows = scratch[h % workers].rows;
-          gather_rows(block.q, n, hq, h * g, g, d, rows);
-          add_gram(rows.data(), n * g, d, ls.of(Target::key_query).sum.data() + h * dd);
-          ls.of(Target::key_query).weight[h] += static_cast<double>(n * g);
-          gather_rows(block.k, n, hkv, h, 1, d, rows);
-          add_gram(rows.data(), n, d, ls.of(Target::key_gram).sum.data() + h * dd);
-          ls.of(Target::key_gram).weight[h] += static_cast<double>(n);
-          gather_rows(block.v, n, hkv, h, 1, d, rows);
-          add_gram(rows.data(), n, d, ls.of(Target::value_gram).sum.data() + h * dd);
-          ls.of(Target::value_gram).weight[h] += static_cast<double>(n);
+        parallel_for(items1, threads, [&](int i) {
+          std::vector<double>& rows = scratch[i % workers1].rows;
+          if (i < hq) {
+            gather_head(block.q, hq, i, d, 0, n, rows);
+            add_gram(rows.data(), n, d, query_partial.data() + i * dd);
+          } else if (i < hq + hkv) {
+            gather_head(block.k, hkv, i - hq, d, 0, n, rows);
+            add_gram(rows.data(), n, d, ls.of(Target::key_gram).sum.data() + (i - hq) * dd);
+          } else {
+            gather_head(block.v, hkv, i - hq - hkv, d, 0, n, rows);
+            add_gram(rows.data(), n, d, ls.of(Target::value_gram).sum.data() + (i - hq - hkv) * dd);
+          }
         });
+        for (int h = 0; h < hkv; ++h) {
+          ls.of(Target::key_query).weight[h] += static_cast<double>(n * g);
+          ls.of(Target::key_gram).weight[h] += static_cast<double>(n);
+          ls.of(Target::value_gram).weight[h] += static_cast<double>(n);
+        }
         progress.advance(static_cast<double>(n));
+      }
+    }
+    for (int h = 0; h < hkv; ++h) {
+      double* sum = ls.of(Target::key_query).sum.data() + h * dd;
+      for (int j = 0; j < g; ++j) {
+        const double* part = query_partial.data() + (h * g + j) * dd;
+        for (size_t e = 0; e < dd; ++e) sum[e] += part[e];
       }
     }
     for (Target t : {Target::key_query, Target::key_gram, Target::value_gram})
@@ -174,24 +196,29 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
         const double* sum = ls.of(Target::key_query).sum.data() + h * dd;
         const double inverse_weight = 1.0 / ls.of(Target::key_query).weight[h];
         query_cov[h].resize(dd);
-        for (size_t i = 0; i < dd; ++i) query_cov[h][i] = sum[i] * inverse_weight;
+        for (size_t e = 0; e < dd; ++e) query_cov[h][e] = sum[e] * inverse_weight;
       }
     }
     // Pass 2: sum_t w_t v_t^T v_t with w_t = k_t C_Q k_t^T (>= 0: C_Q is positive semi-definite).
+    std::fill(proxy_partial.begin(), proxy_partial.end(), 0.0);
+    std::fill(proxy_weight.begin(), proxy_weight.end(), 0.0);
     for (const auto& r : readers) {
       BlockStream stream(*r, layer, options.block_tokens, false, threads, spare);
       while (stream.next(block)) {
         const int64_t n = block.tokens;
-        parallel_for(hkv, threads, [&](int h) {
-          Scratch& s = scratch[h % workers];
-          gather_rows(block.k, n, hkv, h, 1, d, s.keys);
+        parallel_for(items2, threads, [&](int i) {
+          const int h = i / kProxyParts, part = i % kProxyParts;
+          const int64_t begin = n * part / kProxyParts, rows = n * (part + 1) / kProxyParts - begin;
+          if (rows == 0) return;
+          Scratch& s = scratch[i % workers2];
+          gather_head(block.k, hkv, h, d, begin, rows, s.keys);
           s.weighted_keys.resize(s.keys.size());
-          cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), d, d, 1.0, s.keys.data(), d,
+          cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), d, d, 1.0, s.keys.data(), d,
                       query_cov[h].data(), d, 0.0, s.weighted_keys.data(), d);
           // Rows sqrt(w_t) v_t, so that their Gram matrix is the weighted sum.
           s.rows.resize(s.keys.size());
           double total_weight = 0;
-          for (int64_t t = 0; t < n; ++t) {
+          for (int64_t t = 0; t < rows; ++t) {
             const double* k = s.keys.data() + t * d;
             const double* kc = s.weighted_keys.data() + t * d;
             double w = 0;
@@ -199,17 +226,25 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
             w = std::max(w, 0.0);
             total_weight += w;
             const double root = std::sqrt(w);
-            const float* v = block.v.data() + (static_cast<size_t>(t) * hkv + h) * d;
+            const float* v = block.v.data() + (static_cast<size_t>(begin + t) * hkv + h) * d;
             double* out = s.rows.data() + t * d;
             for (int c = 0; c < d; ++c) out[c] = root * v[c];
           }
-          add_gram(s.rows.data(), n, d, ls.of(Target::value_proxy).sum.data() + h * dd);
-          ls.of(Target::value_proxy).weight[h] += total_weight;
+          add_gram(s.rows.data(), rows, d, proxy_partial.data() + i * dd);
+          proxy_weight[i] += total_weight;
         });
         progress.advance(static_cast<double>(n));
       }
     }
-    for (int h = 0; h < hkv; ++h) symmetrise_upper(ls.of(Target::value_proxy).sum.data() + h * dd, d);
+    for (int h = 0; h < hkv; ++h) {
+      double* sum = ls.of(Target::value_proxy).sum.data() + h * dd;
+      for (int part = 0; part < kProxyParts; ++part) {
+        const double* partial = proxy_partial.data() + (h * kProxyParts + part) * dd;
+        for (size_t e = 0; e < dd; ++e) sum[e] += partial[e];
+        ls.of(Target::value_proxy).weight[h] += proxy_weight[h * kProxyParts + part];
+      }
+      symmetrise_upper(sum, d);
+    }
 
     // Pass 3: attention outputs of sampled queries, per sequence (causal, never across sequences).
     if (options.score_queries > 0) {

@@ -7,10 +7,13 @@
 #endif
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <optional>
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "common/error.h"
@@ -477,28 +480,56 @@ bool File::read_rows_parallel(const std::string& dataset, int64_t first, int64_t
   const int64_t first_chunk = first / static_cast<int64_t>(chunk_rows);
   const int chunks = static_cast<int>((first + count - 1) / static_cast<int64_t>(chunk_rows) - first_chunk + 1);
 
-  // The stored bytes of every chunk, read on this thread (HDF5 is not thread-safe).
-  if (buffers.packed.size() < static_cast<size_t>(chunks)) buffers.packed.resize(chunks);
-  std::vector<uint32_t> skipped(chunks, 0);  // per chunk: bit f set when filter f was not applied
+  // Where each chunk's stored bytes lie: HDF5 metadata, looked up on this thread (HDF5 is not
+  // thread-safe). The bytes themselves are read with pread on the worker threads: a file opened with
+  // HDF5's default (sec2) driver is a plain file, chunk addresses counted from the end of its user
+  // block. A file this process is writing is flushed first, so that the bytes are on disk.
+  unsigned intent = 0;
+  if (H5Fget_intent(id(), &intent) >= 0 && (intent & H5F_ACC_RDWR)) H5Fflush(id(), H5F_SCOPE_LOCAL);
+  Handle access(H5Fget_access_plist(id()), H5Pclose);
+  if (H5Pget_driver(access.id()) != H5FD_SEC2) return read_rows(dataset, first, count, out);
+  Handle creation(H5Fget_create_plist(id()), H5Pclose);
+  hsize_t user_block = 0;
+  H5Pget_userblock(creation.id(), &user_block);
+  std::vector<haddr_t> address(chunks);
+  std::vector<hsize_t> stored(chunks);
+  std::vector<unsigned> skipped(chunks, 0);  // per chunk: bit f set when filter f was not applied
   for (int c = 0; c < chunks; ++c) {
     std::vector<hsize_t> offset(dims.size(), 0);
     offset[0] = static_cast<hsize_t>(first_chunk + c) * chunk_rows;
-    hsize_t stored = 0;
-    if (H5Dget_chunk_storage_size(d.id(), offset.data(), &stored) < 0 || stored == 0)
+    OSCAR_CHECK(H5Dget_chunk_info_by_coord(d.id(), offset.data(), &skipped[c], &address[c], &stored[c]) >= 0,
+                "{}: cannot locate the chunk at row {} of '{}' (corrupt file)", path_, offset[0], dataset);
+    if (address[c] == HADDR_UNDEF || stored[c] == 0)
       return read_rows(dataset, first, count, out);  // unwritten chunk: HDF5 supplies the fill value
-    buffers.packed[c].resize(stored);
-    OSCAR_CHECK(H5Dread_chunk(d.id(), H5P_DEFAULT, offset.data(), &skipped[c], buffers.packed[c].data()) >= 0,
-                "{}: cannot read the chunk at row {} of '{}' (truncated or corrupt file)", path_, offset[0], dataset);
   }
+  struct Descriptor {
+    int fd;
+    ~Descriptor() {
+      if (fd >= 0) ::close(fd);
+    }
+  } const file{::open(path_.c_str(), O_RDONLY | O_CLOEXEC)};
+  const int fd = file.fd;
+  OSCAR_CHECK(fd >= 0, "{}: cannot open for reading", path_);
 
-  // Decoded on the worker threads: inflate, unshuffle the rows wanted, convert to float32.
+  // Read and decoded on the worker threads: inflate, unshuffle the rows wanted, convert to float32.
   const int workers = parallel_workers(chunks, threads);
+  buffers.packed.resize(workers);
   buffers.plain.resize(workers);
   buffers.unshuffled.resize(workers);
   std::vector<char> finite(chunks, 1);
   parallel_for(chunks, threads, [&](int c) {
     const int64_t chunk_first = (first_chunk + c) * static_cast<int64_t>(chunk_rows);
-    const std::vector<unsigned char>& packed = buffers.packed[c];
+    std::vector<unsigned char>& packed = buffers.packed[c % workers];
+    packed.resize(stored[c]);
+    size_t done = 0;
+    while (done < packed.size()) {
+      const ssize_t got = ::pread(fd, packed.data() + done, packed.size() - done,
+                                  static_cast<off_t>(user_block + address[c] + done));
+      if (got < 0 && errno == EINTR) continue;
+      OSCAR_CHECK(got > 0, "{}: the chunk at row {} of '{}' lies past the end of the file (truncated file)", path_,
+                  chunk_first, dataset);
+      done += static_cast<size_t>(got);
+    }
     const unsigned char* plain = packed.data();
     if (deflated && !(skipped[c] & (1u << (shuffled ? 1 : 0)))) {
       std::vector<unsigned char>& inflated = buffers.plain[c % workers];
