@@ -147,6 +147,27 @@ TEST(Covariance, LayerShardsMergeExactly) {
     for (Target t : kAllTargets) EXPECT_EQ(merged.find_layer(layer.layer)->of(t).sum, layer.of(t).sum);
 }
 
+TEST(Covariance, ThreadCountDoesNotChangeOneBit) {
+  // Work items and partial sums are fixed by the geometry, not by the threads: 1, 3 and 8 threads
+  // (the reader decoding chunks on as many) give bit-identical statistics.
+  SyntheticSpec spec = small_spec();
+  const std::string path = write_synthetic("threads.h5", spec);
+  AccumulateOptions options;
+  options.quiet = true;
+  options.block_tokens = 40;
+  options.threads = 1;
+  const Statistics one = accumulate_statistics({path}, options);
+  for (int threads : {3, 8}) {
+    options.threads = threads;
+    const Statistics many = accumulate_statistics({path}, options);
+    for (const auto& layer : one.layers)
+      for (Target t : kAllTargets) {
+        EXPECT_EQ(many.find_layer(layer.layer)->of(t).sum, layer.of(t).sum) << threads << " threads";
+        EXPECT_EQ(many.find_layer(layer.layer)->of(t).weight, layer.of(t).weight) << threads << " threads";
+      }
+  }
+}
+
 TEST(Covariance, MergeRefusesDifferentGeometry) {
   SyntheticSpec spec = small_spec();
   AccumulateOptions options;
