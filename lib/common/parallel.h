@@ -1,12 +1,16 @@
-// A minimal static thread split shared by the accumulation, the calibration and the dump reader.
+// A static work split on a persistent thread pool, shared by the accumulation, the calibration, the
+// synthetic generator and the dump reader and writer.
 #pragma once
 #include <functional>
 
 namespace oscar {
 
-// Runs fn(i) for i in [0, n) on parallel_workers(n, threads) threads: item i on worker
-// i % parallel_workers(n, threads), each worker's items in increasing order (so per-worker scratch
-// buffers need no locking). The first exception thrown by any item is rethrown after all finish.
+// Runs fn(i) for i in [0, n) as parallel_workers(n, threads) workers: item i on worker
+// i % parallel_workers(n, threads), each worker's items in increasing order on one thread (so
+// per-worker scratch buffers need no locking). Workers run on the calling thread and on a pool of
+// one thread per core started on first use (no thread is created per call). Safe to call from
+// several threads at once and from inside fn. The first exception thrown by any item is rethrown
+// after all finish.
 void parallel_for(int n, int threads, const std::function<void(int)>& fn);
 int parallel_workers(int n, int threads);
 
