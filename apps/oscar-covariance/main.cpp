@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
   app.add_option("inputs", inputs, "Dumps to accumulate (or statistics files with --merge)");
   app.add_flag("--merge", merge, "Add statistics files (same geometry) instead of reading dumps");
   app.add_option("--layers", layers, "Layers to accumulate, e.g. 0,3,8-11 (default: all in the first dump)");
-  app.add_option("--block-tokens", options.block_tokens, "Tokens read per block (bounds memory)")->capture_default_str();
+  app.add_option("--block-tokens", options.block_tokens,
+                 "Tokens read per block (bounds memory; 0: 2048 per 4 threads, 2048 to 8192)")->capture_default_str();
   app.add_option("--score-queries", options.score_queries,
                  "Queries sampled per sequence for value_scores; costs O(N * T * d) per query head and sequence of T "
                  "tokens (0: skip that target)")
@@ -134,7 +135,7 @@ int main(int argc, char** argv) {
       options.query_stats_source = "stats:" + file_fnv1a64(query_stats_path);
     }
     options.quiet = common.quiet;
-    OSCAR_CHECK(options.block_tokens > 0, "--block-tokens must be positive");
+    OSCAR_CHECK(options.block_tokens >= 0, "--block-tokens must not be negative");
     Statistics stats = accumulate_statistics(inputs, options);
     stats.provenance_json = make_provenance("oscar-covariance", command, inputs);
     write_statistics(common.output, stats);

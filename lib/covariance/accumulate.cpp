@@ -83,6 +83,11 @@ void gather_head(const std::vector<float>& block, int heads, int head, int d, in
 
 }  // namespace
 
+int64_t block_tokens_for(int64_t requested, int threads) {
+  if (requested > 0) return requested;
+  return std::clamp<int64_t>(2048 * (threads / 4), 2048, 8192);
+}
+
 Statistics accumulate_statistics(const std::vector<std::string>& dumps, const AccumulateOptions& options) {
   OSCAR_CHECK(!dumps.empty(), "no dump given");
   std::vector<std::unique_ptr<DumpReader>> readers;
@@ -125,6 +130,7 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
   const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   openblas_set_num_threads(1);  // parallelism is across work items; BLAS calls stay single-threaded
   const size_t dd = static_cast<size_t>(d) * d;
+  const int64_t block_tokens = block_tokens_for(options.block_tokens, threads);
 
   // Work in token units: 2 streaming passes (+1 for scores) per layer per dump.
   const double passes = options.score_queries > 0 ? 3.0 : 2.0;
@@ -152,7 +158,7 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
     // Pass 1: C_Q, K^T K, V^T V.
     std::fill(query_partial.begin(), query_partial.end(), 0.0);
     for (const auto& r : readers) {
-      BlockStream stream(*r, layer, options.block_tokens, true, threads, spare);
+      BlockStream stream(*r, layer, block_tokens, true, threads, spare);
       while (stream.next(block)) {
         const int64_t n = block.tokens;
         parallel_for(items1, threads, [&](int i) {
@@ -203,7 +209,7 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
     std::fill(proxy_partial.begin(), proxy_partial.end(), 0.0);
     std::fill(proxy_weight.begin(), proxy_weight.end(), 0.0);
     for (const auto& r : readers) {
-      BlockStream stream(*r, layer, options.block_tokens, false, threads, spare);
+      BlockStream stream(*r, layer, block_tokens, false, threads, spare);
       while (stream.next(block)) {
         const int64_t n = block.tokens;
         parallel_for(items2, threads, [&](int i) {

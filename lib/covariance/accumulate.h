@@ -11,13 +11,17 @@ namespace oscar {
 
 struct AccumulateOptions {
   std::vector<int> layers;          // empty: every layer of the first dump
-  int64_t block_tokens = 2048;      // tokens read per block
+  int64_t block_tokens = 0;         // tokens read per block; 0: block_tokens_for(threads)
   int64_t score_queries = 64;       // value_scores: queries sampled per sequence (0: skip the target)
   int threads = 0;                  // 0: all cores
   const Statistics* query_stats = nullptr;  // C_Q for the proxy weights; null: this run's own C_Q
   std::string query_stats_source;   // recorded as proxy_query_source when query_stats is given
   bool quiet = false;
 };
+
+// Tokens per block: `requested` when positive, else 2048 per 4 threads, 2048 to 8192 (larger blocks
+// amortise the per-block costs over more cores; memory stays bounded by the block).
+int64_t block_tokens_for(int64_t requested, int threads);
 
 Statistics accumulate_statistics(const std::vector<std::string>& dumps, const AccumulateOptions& options);
 

@@ -36,7 +36,8 @@ ReportTable run_calibration_benchmark(const std::string& dump_path, const Calibr
   const ModelGeometry g = probe.info().geometry;
   const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int d = g.head_dim;
-  const int64_t rows = options.block_tokens * g.group_size();
+  // One work item of the accumulation: one head's rows of a block.
+  const int64_t block_tokens = block_tokens_for(options.block_tokens, threads), rows = block_tokens;
 
   // Reference: dsyrk on the accumulation's shapes, one single-threaded BLAS call per thread at a time.
   openblas_set_num_threads(1);
@@ -62,7 +63,7 @@ ReportTable run_calibration_benchmark(const std::string& dump_path, const Calibr
 
   // Accumulation (value_scores off: it is attention, not a rank-k update; timed on its own below).
   AccumulateOptions accumulate;
-  accumulate.block_tokens = options.block_tokens;
+  accumulate.block_tokens = block_tokens;
   accumulate.threads = threads;
   accumulate.score_queries = 0;
   accumulate.quiet = options.quiet;
@@ -81,8 +82,8 @@ ReportTable run_calibration_benchmark(const std::string& dump_path, const Calibr
   LayerActivations block;
   for (int layer : probe.info().layers)
     for (bool with_queries : {true, false})
-      for (int64_t first = 0; first < probe.info().tokens; first += options.block_tokens)
-        probe.read_layer_into(block, layer, first, std::min(options.block_tokens, probe.info().tokens - first),
+      for (int64_t first = 0; first < probe.info().tokens; first += block_tokens)
+        probe.read_layer_into(block, layer, first, std::min(block_tokens, probe.info().tokens - first),
                               with_queries, threads);
   const double read_seconds = seconds_since(start);
 

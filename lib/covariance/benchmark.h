@@ -8,7 +8,7 @@
 namespace oscar {
 
 struct CalibrationBenchmarkOptions {
-  int64_t block_tokens = 2048;
+  int64_t block_tokens = 0;  // 0: block_tokens_for(threads)
   int threads = 0;
   bool quiet = false;
 };
