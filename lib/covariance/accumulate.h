@@ -1,5 +1,6 @@
 // Streaming accumulation of the calibration statistics from dumps: layer by layer, block by block
-// (memory bounded by the block, not the dump), BLAS rank-k updates (dsyrk), KV heads in parallel.
+// (memory bounded by the block, not the dump), BLAS rank-k updates (dsyrk), one work item per head
+// on all cores.
 #pragma once
 #include <cstdint>
 #include <string>

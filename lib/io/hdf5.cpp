@@ -61,6 +61,13 @@ size_t element_bytes(Element e) {
   return 1;
 }
 
+// Elements in one row (along the first axis) of an array of shape dims.
+size_t elements_per_row(const std::vector<int64_t>& dims) {
+  size_t n = 1;
+  for (size_t i = 1; i < dims.size(); ++i) n *= static_cast<size_t>(dims[i]);
+  return n;
+}
+
 }  // namespace
 
 // Widens n 16-bit floats (float16 or bfloat16) at `src` to n float32 at `dst`, which may be the same
@@ -354,9 +361,7 @@ static int64_t select_rows(const File& file, const std::string& dataset, hid_t s
   start[0] = static_cast<hsize_t>(first);
   extent[0] = static_cast<hsize_t>(count);
   H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr);
-  int64_t per_row = 1;
-  for (size_t i = 1; i < dims.size(); ++i) per_row *= dims[i];
-  return per_row;
+  return static_cast<int64_t>(elements_per_row(dims));
 }
 
 // Moves rows [first, first+count) between a float32 buffer and the dataset, converting to or from
@@ -474,8 +479,7 @@ bool File::read_rows_parallel(const std::string& dataset, int64_t first, int64_t
   const bool shuffled = codec->shuffled, deflated = codec->deflated;
 
   const size_t bytes = element_bytes(e);
-  size_t per_row = 1;
-  for (size_t i = 1; i < dims.size(); ++i) per_row *= static_cast<size_t>(dims[i]);
+  const size_t per_row = elements_per_row(dims);
   const size_t chunk_elements = chunk_rows * per_row;
   const int64_t first_chunk = first / static_cast<int64_t>(chunk_rows);
   const int chunks = static_cast<int>((first + count - 1) / static_cast<int64_t>(chunk_rows) - first_chunk + 1);
@@ -590,8 +594,7 @@ void File::write_rows_parallel(const std::string& dataset, int64_t first, int64_
     return write_rows(dataset, first, count, data);
 
   const size_t bytes = element_bytes(e);
-  size_t per_row = 1;
-  for (size_t i = 1; i < dims.size(); ++i) per_row *= static_cast<size_t>(dims[i]);
+  const size_t per_row = elements_per_row(dims);
   const size_t chunk_elements = static_cast<size_t>(rows) * per_row, chunk_bytes = chunk_elements * bytes;
   const int chunks = static_cast<int>((count + rows - 1) / rows);
   // Batches of chunks bound the memory: encoded on the threads, then stored in order on this one.
