@@ -1,10 +1,11 @@
 // Rotate-clip-quantise-pack kernels (see quantize_pack.h). With the clip threshold among the 16
 // largest magnitudes (clip ratio >= 1 - 16/d): one thread per row (below), x.R (if any) on tensor
-// cores first. Otherwise: CTA = 8 warps, 32 rows. With a rotation the
+// cores first (fp16 split with power-of-two scaling for d <= 128, 3xTF32 for d = 256). Otherwise: CTA = 8 warps, 32 rows. With a rotation the
 // CTA first computes its [32, d] tile of x.R through shared memory (fp32 FMA); then each warp
 // quantises 4 rows: a lane holds channels lane + 32k. The clip threshold is found exactly by removing
 // extremes one at a time; every division and addition uses the _rn intrinsics (the library is built
 // with --use_fast_math) so codes and metadata match the CPU quantiser bit for bit.
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -406,6 +407,190 @@ __global__ void __launch_bounds__(D) quantize_rows_rotated_kernel(const Quantize
   quantize_row_thread<D, KMAX>(p, tile + threadIdx.x * XS, row0 + threadIdx.x, k_top);
 }
 
+// ---------------------------------------------------------------- rotated path: fp16 split, warp pipelines
+// d <= 128. One persistent CTA per SM converts R once: each column is scaled by a power of two 2^c_n
+// (max |R[:, n]| in [2^13, 2^14)) and split as R = R_hi + R_lo, both fp16 (R_lo the fp16 of the exact
+// fp32 remainder), stored in the B-fragment order of mma.sync m16n8k16 (one 16-byte load per lane,
+// k-step and n-tile). Then every warp runs its own pipeline over 32-row tiles, with no CTA barrier:
+// cp.async of the [32, d] tile; each lane scales its row by a power of two 2^r_i (max |x_i| in
+// [2^13, 2^14)) and splits it in place the same way (each float4 of k 4j..4j+3 becomes the fp16 pairs
+// hi(k, k+1), hi(k+2, k+3), lo(k, k+1), lo(k+2, k+3): the A-fragment registers of those k); x.R =
+// hi.hi + hi.lo + lo.hi with fp32 accumulation (the lo.lo term and the rounding of the lo parts are
+// ~2^-22 relative; fp16 range problems are scaled away, no orthogonality assumed), scaled back exactly
+// by 2^-r_i 2^-c_n into the tile; then each lane quantises its row (quantize_row_thread). Independent
+// warps overlap one another's loads, tensor-core work and quantiser (the quantiser needs many rows in
+// flight: with CTA-wide phases it ran on a quarter of the warps and took half the time).
+// Bank conflicts: the k order inside a k-step is free (A and B permuted alike): lane (g, t) reads k
+// 4t..4t+3 of its two rows with one 16-byte load each, and fragment row g is tile row
+// rho(g) = g / 2 + 4 (g % 2) (also free), so 8 consecutive lanes hit 8 distinct 16-byte bank groups
+// with the row stride of d + 4 floats (which the thread-per-row passes need).
+constexpr int kWarpRows = 32;    // rows per warp tile
+constexpr int kSplitWarps = 8;   // warps per CTA (d = 128: one CTA per SM)
+
+template <int D>
+constexpr int split_smem_bytes() {
+  return (D / 16) * (D / 8) * 32 * 16  // R fragments
+         + (2 * D + kSplitWarps * kWarpRows * (D + 4)) * (int)sizeof(float);
+}
+
+// 2^s for s in [-126, 127].
+__device__ __forceinline__ float exp2_int(int s) { return __int_as_float((s + 127) << 23); }
+// s such that m 2^s lies in [2^13, 2^14) for a normal m > 0, clamped to [-126, 126] (zero and
+// subnormal m: 126; fp16 products of scaled values and their sums stay far inside the fp32 range).
+__device__ __forceinline__ int fp16_range_shift(float m) {
+  const int e = (__float_as_int(m) >> 23) & 0xff;  // m in [2^(e - 127), 2^(e - 126))
+  const int s = 140 - e;
+  return s > 126 ? 126 : (s < -126 ? -126 : s);
+}
+// (a, b) * scale (exact: a power of two) = hi + lo, hi = fp16(a scale), lo = fp16(a scale - hi) (the
+// difference is exact in fp32); each pair packed low element first.
+__device__ __forceinline__ void split_fp16x2(float a, float b, float scale, uint32_t& hi, uint32_t& lo) {
+  const float sa = a * scale, sb = b * scale;
+  const __half2 h = __floats2half2_rn(sa, sb);
+  const float2 hf = __half22float2(h);
+  const __half2 l = __floats2half2_rn(sa - hf.x, sb - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+__device__ __forceinline__ void mma_fp16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm(  // not volatile: a pure function of its operands
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The [32, D] tile of rows row0.. into this warp's shared memory (cp.async; rows past the end zeroed).
+template <int D>
+__device__ __forceinline__ void load_warp_tile(const QuantizePackParams& p, float* tile, long row0, int lane) {
+  constexpr int XS = D + 4;
+  const int rows = (int)min((long)kWarpRows, p.rows - row0);
+  for (int r = 0; r < kWarpRows; ++r)
+    for (int c = lane; c < D / 4; c += 32) {
+      if (r < rows) cp_async16(tile + r * XS + 4 * c, p.input + (row0 + r) * D + 4 * c);
+      else *reinterpret_cast<float4*>(tile + r * XS + 4 * c) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int D, int KMAX>
+__global__ void __launch_bounds__(kSplitWarps * 32, 1) quantize_rows_rotated_split_kernel(const QuantizePackParams p, int k_top) {
+  static_assert(D == 64 || D == 128, "R fragments of d = 256 do not fit in shared memory");
+  constexpr int XS = D + 4, KSTEPS = D / 16, NTILES = D / 8, THREADS = kSplitWarps * 32;
+  extern __shared__ __align__(16) float smem[];
+  uint4* rfrag = reinterpret_cast<uint4*>(smem);          // [D/16 k-steps][D/8 n-tiles][32 lanes]
+  float* col_scale = smem + KSTEPS * NTILES * 32 * 4;     // [D] 2^c_n
+  float* col_inverse = col_scale + D;                     // [D] 2^-c_n
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* tile = col_inverse + D + warp * kWarpRows * XS;  // [32][D + 4]: x, split x, then x.R
+  const long tiles = (p.rows + kWarpRows - 1) / kWarpRows;
+  const long stride = (long)gridDim.x * kSplitWarps;
+  long tile_index = (long)blockIdx.x * kSplitWarps + warp;
+  if (tile_index < tiles) load_warp_tile<D>(p, tile, tile_index * kWarpRows, lane);  // overlaps the split of R
+  for (int n = threadIdx.x; n < D; n += THREADS) {
+    float m = 0.f;
+#pragma unroll 8
+    for (int k = 0; k < D; ++k) m = fmaxf(m, fabsf(__ldg(p.rotation + (size_t)k * D + n)));
+    const int s = fp16_range_shift(m);
+    col_scale[n] = exp2_int(s);
+    col_inverse[n] = exp2_int(-s);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < KSTEPS * NTILES * 32; i += THREADS) {
+    const int l = i % 32, nt = (i / 32) % NTILES, ks = i / (32 * NTILES);
+    const int n = 8 * nt + l / 4, k = 16 * ks + 4 * (l % 4);
+    const float* r = p.rotation + (size_t)k * D + n;
+    const float cs = col_scale[n];
+    uint4 f;
+    split_fp16x2(__ldg(r), __ldg(r + D), cs, f.x, f.z);              // logical k 2t, 2t+1 = k, k + 1
+    split_fp16x2(__ldg(r + 2 * D), __ldg(r + 3 * D), cs, f.y, f.w);  // logical k 2t+8, 2t+9 = k + 2, k + 3
+    rfrag[i] = f;
+  }
+  __syncthreads();  // R ready; from here on the warps are independent (no CTA barrier)
+  const int g = lane / 4, t = lane % 4;
+  const int rho = g / 2 + 4 * (g % 2);  // tile row of fragment row g (and rho + 8 of g + 8)
+  for (; tile_index < tiles; tile_index += stride) {
+    const long row0 = tile_index * kWarpRows;
+    const int rows = (int)min((long)kWarpRows, p.rows - row0);
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncwarp();
+    float inverse;  // 2^-r of this lane's row
+    {
+      float* x = tile + lane * XS;
+      float m = 0.f;
+#pragma unroll 8
+      for (int c = 0; c < D; c += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(x + c);
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+      }
+      const int s = fp16_range_shift(m);
+      const float scale = exp2_int(s);
+      inverse = exp2_int(-s);
+#pragma unroll 8
+      for (int c = 0; c < D; c += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(x + c);
+        uint4 f;
+        split_fp16x2(v.x, v.y, scale, f.x, f.z);
+        split_fp16x2(v.z, v.w, scale, f.y, f.w);
+        *reinterpret_cast<uint4*>(x + c) = f;
+      }
+    }
+    __syncwarp();
+    float acc[2][NTILES][4];  // [m-tile][n-tile][fragment]
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int n = 0; n < NTILES; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
+#pragma unroll 1
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+      uint32_t a_hi[2][4], a_lo[2][4];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const float* a = tile + (16 * m + rho) * XS + 16 * ks + 4 * t;
+        const uint4 u = *reinterpret_cast<const uint4*>(a);           // row rho (split)
+        const uint4 v = *reinterpret_cast<const uint4*>(a + 8 * XS);  // row rho + 8
+        a_hi[m][0] = u.x, a_hi[m][2] = u.y, a_lo[m][0] = u.z, a_lo[m][2] = u.w;
+        a_hi[m][1] = v.x, a_hi[m][3] = v.y, a_lo[m][1] = v.z, a_lo[m][3] = v.w;
+      }
+      const uint4* bk = rfrag + ks * NTILES * 32 + lane;
+#pragma unroll
+      for (int n = 0; n < NTILES; ++n) {
+        const uint4 b = bk[n * 32];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) mma_fp16(acc[m][n], a_lo[m], b.x, b.y);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) mma_fp16(acc[m][n], a_hi[m], b.z, b.w);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) mma_fp16(acc[m][n], a_hi[m], b.x, b.y);
+      }
+    }
+    float rinv[2][2];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+      rinv[m][0] = __shfl_sync(0xffffffffu, inverse, 16 * m + rho),
+      rinv[m][1] = __shfl_sync(0xffffffffu, inverse, 16 * m + rho + 8);
+    __syncwarp();  // every lane done reading the split x
+#pragma unroll
+    for (int n = 0; n < NTILES; ++n) {
+      const float2 ci = *reinterpret_cast<const float2*>(col_inverse + 8 * n + 2 * t);
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        float* c = tile + (16 * m + rho) * XS + 8 * n + 2 * t;
+        *reinterpret_cast<float2*>(c) = make_float2(acc[m][n][0] * rinv[m][0] * ci.x, acc[m][n][1] * rinv[m][0] * ci.y);
+        *reinterpret_cast<float2*>(c + 8 * XS) =
+            make_float2(acc[m][n][2] * rinv[m][1] * ci.x, acc[m][n][3] * rinv[m][1] * ci.y);
+      }
+    }
+    __syncwarp();
+    if (lane < rows) quantize_row_thread<D, KMAX>(p, tile + lane * XS, row0 + lane, k_top);
+    __syncwarp();  // tile consumed
+    if (tile_index + stride < tiles) load_warp_tile<D>(p, tile, (tile_index + stride) * kWarpRows, lane);
+  }
+}
+
 // K = number of magnitudes at or above the clip threshold (0: no clipping).
 int clip_top_count(float clip_ratio, int d) {
   if (clip_ratio >= 1.0f) return 0;
@@ -417,6 +602,26 @@ int clip_top_count(float clip_ratio, int d) {
 template <int D, int KMAX>
 void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
   const unsigned blocks = (unsigned)((p.rows + kRowThreads - 1) / kRowThreads);
+  if (p.rotation && D <= 128) {
+    if constexpr (D <= 128) {
+      // Persistent: as many CTAs as fit on the device at once (each converts R once).
+      static const int per_sm = [] {
+        cudaFuncSetAttribute(quantize_rows_rotated_split_kernel<D, KMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             split_smem_bytes<D>());
+        int n = 0;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, quantize_rows_rotated_split_kernel<D, KMAX>, kSplitWarps * 32,
+                                                      split_smem_bytes<D>());
+        return n > 0 ? n : 1;
+      }();
+      int device = 0, sms = 0;
+      cudaGetDevice(&device);
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      const long warp_tiles = (p.rows + kWarpRows - 1) / kWarpRows;
+      const long ctas = std::min<long>((warp_tiles + kSplitWarps - 1) / kSplitWarps, (long)per_sm * (sms > 0 ? sms : 1));
+      quantize_rows_rotated_split_kernel<D, KMAX><<<(unsigned)ctas, kSplitWarps * 32, split_smem_bytes<D>(), stream>>>(p, k_top);
+    }
+    return;
+  }
   if (p.rotation) {
     static const bool configured = [] {
       cudaFuncSetAttribute(quantize_rows_rotated_kernel<D, KMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -1,9 +1,11 @@
 // GPU rotate-clip-quantise-pack against the CPU quantiser: codes and metadata bit-identical on
 // already-rotated rows (no rotation); with a rotation, x.R differs from the CPU by float summation
-// order and, on the tensor-core path (3xTF32), by ~2^-20 relative per product, so codes may move by
-// one step where a value sits on a rounding boundary.
+// order and, on the tensor-core paths (fp16 split with power-of-two scaling for d <= 128, 3xTF32 for
+// d = 256), by ~2^-20 relative per product, so codes may move by one step where a value sits on a
+// rounding boundary.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -139,6 +141,80 @@ TEST(QuantizePack, RotationWithinFloatTolerance) {
       for (int s = 0; s < 8; s += 2) {
         const int a = codes[i] >> s & 3, b = ref_codes[i] >> s & 3;
         ASSERT_LE(std::abs(a - b), 1);
+        moved += a != b;
+      }
+    EXPECT_LE(moved, rows * d / 1000) << "d " << d;
+  }
+}
+
+// Rows and rotations that stress the power-of-two scaling of the fp16-split tensor-core path: a zero
+// row, a row spanning 2^-30..2^29, a single huge outlier, rows near 1e-6, 1e-30 and 1e30, a constant row;
+// a non-orthogonal R with columns scaled by 2^-12..2^20 and one zero column; enough rows that every
+// persistent CTA handles several 64-row tiles (and a partial last tile).
+TEST(QuantizePack, RotationHardRowsWithinFloatTolerance) {
+  for (int d : {64, 128, 256}) {
+    const long rows = d == 64 ? 60013 : (d == 128 ? 40009 : 3001);
+    const int Q = d / 4;
+    auto x = test::random_normal(static_cast<size_t>(rows) * d, 11 + d);
+    auto rot = test::random_normal(static_cast<size_t>(d) * d, 12 + d, 1.0f / std::sqrt(static_cast<float>(d)));
+    for (int k = 0; k < d; ++k)
+      for (int n = 0; n < d; ++n) {
+        float& r = rot[static_cast<size_t>(k) * d + n];
+        r = n == 5 ? 0.0f : std::ldexp(r, n == 9 ? 20 : (n % 5) * 3 - 12 + 6 * (n % 2));
+      }
+    auto row = [&](long r) { return x.data() + static_cast<size_t>(r) * d; };
+    for (int i = 0; i < d; ++i) {
+      row(0)[i] = 0.0f;
+      row(1)[i] = std::ldexp(i % 2 ? -1.0f : 1.0f, (i * 7) % 60 - 30);
+      row(3)[i] *= 1e-6f;
+      row(4)[i] *= 1e30f;
+      row(5)[i] = 0.5f;
+      row(6)[i] *= 1e-30f;
+      row(rows - 1)[i] *= 1e-3f;
+    }
+    row(2)[3] = 1e6f;
+    row(63)[d - 1] = -3e5f;
+    row(64)[0] = 7e4f;
+    QuantizerConfig config;
+    config.clip_ratio = 0.96f;
+    config.metadata = MetadataType::fp32;
+    std::vector<uint8_t> ref_codes(static_cast<size_t>(rows) * Q);
+    std::vector<float> ref_meta(static_cast<size_t>(rows) * 2);
+    quantize_pack_rows_reference(x.data(), rows, d, rot.data(), config, ref_codes.data(), ref_meta.data(), 2, 0,
+                                 nullptr);
+    DeviceBuffer<float> dx, drot, dmeta(ref_meta.size());
+    DeviceBuffer<uint8_t> dcodes(ref_codes.size());
+    dx.upload(x);
+    drot.upload(rot);
+    kernels::QuantizePackParams p;
+    p.rows = rows;
+    p.head_dim = d;
+    p.input = dx.get();
+    p.rotation = drot.get();
+    p.clip_ratio = 0.96f;
+    p.codes = dcodes.get();
+    p.metadata_out = dmeta.get();
+    kernels::launch_quantize_pack(p, nullptr);
+    cuda_check(cudaGetLastError(), "launch");
+    cuda_check(cudaDeviceSynchronize(), "sync");
+    auto codes = dcodes.download();
+    auto meta = dmeta.download();
+    // The zero row rotates to exact zeros on any path: its metadata is bit-identical.
+    EXPECT_EQ(meta[0], ref_meta[0]) << "d " << d;
+    EXPECT_EQ(meta[1], ref_meta[1]) << "d " << d;
+    // Rows 1..6 are relative only (their scales span 1e-9..1e30).
+    for (size_t i = 0; i < meta.size(); i += 2) {
+      const double atol = i / 2 < 7 ? 0.0 : 1.0;
+      ASSERT_NEAR(meta[i], ref_meta[i], 1e-4 * std::fabs(ref_meta[i]) + 1e-7 * atol)
+          << "scale of row " << i / 2 << " d " << d;
+      ASSERT_NEAR(meta[i + 1], ref_meta[i + 1], 1e-4 * std::fabs(ref_meta[i + 1]) + 1e-6 * atol)
+          << "zero of row " << i / 2 << " d " << d;
+    }
+    long moved = 0;
+    for (size_t i = 0; i < codes.size(); ++i)
+      for (int s = 0; s < 8; s += 2) {
+        const int a = codes[i] >> s & 3, b = ref_codes[i] >> s & 3;
+        ASSERT_LE(std::abs(a - b), 1) << "byte " << i << " d " << d;
         moved += a != b;
       }
     EXPECT_LE(moved, rows * d / 1000) << "d " << d;
