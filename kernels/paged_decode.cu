@@ -8,7 +8,9 @@
 // sum_t w_t v_hat_t = sum_t w_t s_t (c_t - z_t).
 // 2-bit codes become fp16 operands with one LOP3 each: a code at mantissa bits 4-5, 6-7 or 8-9 of a
 // half with exponent 64, 16 or 4 reads as (64 + c), (16 + c) or (4 + c) exactly; two shifts per
-// 32-bit word bring all 16 codes of a word to such positions (K), one byte swap and two shifts for V
+// 32-bit word bring all 16 codes of a word to such positions (K; the left shift as a multiply, off the
+// ALU pipe), one byte swap and two shifts for V; V's pair-words (two tokens per 16-bit column) come
+// from ldmatrix .trans
 // (whose offsets stay <= 16 so the fp32 accumulation of the offset costs < 2^-20 relative). The offsets are constants
 // per channel and are removed afterwards: for K as sum_j q_j off_j per head, for V as off_c sum_t w_t.
 // The mma k index of QK and the m index of PV are channel permutations; both are undone exactly
@@ -53,6 +55,18 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// ldmatrix .trans: lane (gid, tq) of matrix i gets rows 2tq (low half) and 2tq + 1 of column gid; lanes
+// 8i .. 8i + 7 give the row addresses of matrix i (16 bytes each).
+template <int N>
+__device__ __forceinline__ void ldmatrix_trans(uint32_t (&r)[N], uint32_t smem) {
+  static_assert(N == 2 || N == 4, "x2 or x4");
+  if constexpr (N == 4)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem));
+}
 __device__ __forceinline__ uint32_t transpose_8x8_b16(uint32_t v) {
   uint32_t r;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(v));
@@ -78,10 +92,13 @@ __device__ __forceinline__ void cp_async_wait() {
 // The exponent words come from constant memory (values the compiler cannot fold), so each
 // (src & mask) | expo is one LOP3 with an immediate mask and the exponent in a register; with both as
 // immediates ptxas emits two LOP3 per operand.
-__constant__ uint32_t kExponentWords[3] = {0x54005400u, 0x4C004C00u, 0x44004400u};  // 64, 16, 4 (fp16 x2)
+// The fourth word, 16, multiplies instead of shifting left by 4: an IMAD (FMA pipe) where a shift would
+// queue on the ALU pipe behind the LOP3s.
+__constant__ uint32_t kExponentWords[4] = {0x54005400u, 0x4C004C00u, 0x44004400u, 16u};  // 64, 16, 4 (fp16 x2)
 struct Exponents {
-  uint32_t e64, e16, e4;
-  __device__ Exponents() : e64(kExponentWords[0]), e16(kExponentWords[1]), e4(kExponentWords[2]) {}
+  uint32_t e64, e16, e4, times16;
+  __device__ Exponents()
+      : e64(kExponentWords[0]), e16(kExponentWords[1]), e4(kExponentWords[2]), times16(kExponentWords[3]) {}
 };
 __device__ __forceinline__ uint32_t field_at(uint32_t src, int pos, const Exponents& x) {
   const uint32_t mask = pos == 4 ? 0x00300030u : pos == 6 ? 0x00C000C0u : 0x03000300u;
@@ -116,20 +133,46 @@ struct Int2Geom {
   static constexpr int KW = D / 64;        // K words per thread per token row (QK A fragments)
   static constexpr int VB = D / 32;        // V bytes per thread per token (PV A fragments)
   static constexpr int NX = VB / 2;        // pair-words per token pair
+  static constexpr int QC = Q / 16;        // 16-byte chunks per token row
   static constexpr int CHUNKS = D / 16;    // k16 chunks of the QK product
   static constexpr int MT = D / 16;        // m16 tiles of the PV product (output channels)
   static constexpr int TILES = 2;          // 16-token tiles per warp per stage
   static constexpr int STAGES = D == 256 ? 3 : 4;
   static constexpr int TILE_BYTES = 16 * (2 * Q + 16);  // K codes, V codes, metadata
   static constexpr int WARP_BYTES = STAGES * TILES * TILE_BYTES;
-  static constexpr int CTA_BYTES = kDecodeWarps * WARP_BYTES;
+  static constexpr int RING_BYTES = kDecodeWarps * WARP_BYTES;
+  static constexpr int CTA_BYTES = RING_BYTES + kDecodeWarps * 3 * 32 * 4;  // + lane tables [warp][3][32]
   static constexpr int STEP = kDecodeWarps * TILES * 16;  // tokens per CTA step
   static_assert(STEP == kInt2SplitQuantum, "split quantum must equal one CTA step");
 };
 
 // Row r of a 16-token tile (S row / mma k slot) reads physical token tile_token(r): slots 2i, 2i+1 of
-// the PV k dimension are tokens i, i + 4 (bank-conflict-free V reads).
-__device__ __forceinline__ int tile_token(int r) { return (r & 8) | (r >> 1 & 3) | (r & 1) << 2; }
+// the PV k dimension are tokens i, i + 4.
+__host__ __device__ constexpr int tile_token(int r) { return (r & 8) | (r >> 1 & 3) | (r & 1) << 2; }
+// V codes in shared memory: 16-byte chunk s of token t's row sits at chunk slot s ^ v_swizzle(t), so the
+// 8 rows of an ldmatrix (tokens tile_token(0..7) + 8 hi, one chunk column) hit distinct bank groups.
+template <int QC>
+__host__ __device__ constexpr int v_swizzle(int t) {
+  return QC == 1 ? 0 : (t / (8 / QC)) % QC;
+}
+
+// Per-lane shared-memory offsets within a tile (bytes), kept in a per-warp table in shared memory and
+// read there each stage: computed from the lane id in the loop they cost ~20 ALU instructions per stage
+// (at 128 registers ptxas rematerialises them rather than hold them); a __constant__ table indexed by
+// lane serialises (batch 32 / 32K 235 -> 279 us). k: row tile_token(gid) of the K codes at word tq * KW
+// (row gid + 8: + 8 Q); meta: that row's (scale, zero) pairs (+ 128 for gid + 8); v: this lane's row
+// address of the V ldmatrix: matrix m = (lane / 8) % 4 of the first ldmatrix, (hi, s) = (m / NX, m % NX)
+// (the second, at D = 256, is hi = 1: + 8 rows), row lane % 8 = token tile_token(lane % 8) + 8 hi.
+template <int D>
+__device__ __forceinline__ void lane_offsets(int lane, uint32_t& k, uint32_t& meta, uint32_t& v) {
+  using G = Int2Geom<D>;
+  const int gid = lane / 4, tq = lane % 4;
+  k = tile_token(gid) * G::Q + tq * G::KW * 4;
+  meta = 32 * G::Q + tile_token(gid) * 16;
+  const int m = (lane >> 3) % (2 * G::NX >= 4 ? 4 : 2), vhi = m / G::NX, vs = m % G::NX;
+  const int vt = tile_token(lane & 7) + 8 * vhi;
+  v = 16 * G::Q + 16 * (vt * G::QC + (vs ^ v_swizzle<G::QC>(vt)));
+}
 
 // Per-warp running state handed to the CTA combine: m (log2 domain), l, unnormalised O [g][d].
 template <int D>
@@ -158,7 +201,7 @@ template <int D, bool PAIRED>
 __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* ring, int b, int kv, int t_begin,
                          int t_end) {
   using G = Int2Geom<D>;
-  constexpr int Q = G::Q, KW = G::KW, VB = G::VB, NX = G::NX, TILES = G::TILES, STAGES = G::STAGES;
+  constexpr int Q = G::Q, KW = G::KW, NX = G::NX, TILES = G::TILES, STAGES = G::STAGES;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tq = lane % 4;
   const int g = p.group;
@@ -168,7 +211,10 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   float o[G::MT][4];
 #pragma unroll
   for (int i = 0; i < G::MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  // Running max m (log2 domain) of heads 2tq, 2tq + 1. Logits are formed relative to it (one FFMA gives
+  // s - m), so m must be finite from the start: it is 0 until the first stage sets it (`first`).
+  float m0 = 0.f, m1 = 0.f, l0 = 0.f, l1 = 0.f;
+  bool first = true;
   float w0 = 0.f, w1 = 0.f, wz0 = 0.f, wz1 = 0.f;  // sum of PV weights (as fed, fp16) and of weight * zero
 
   const int P = p.int2_page_size;
@@ -195,12 +241,19 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 #pragma unroll
   for (int j = 0; j < CPY; ++j) {
     const int c = 32 * j + lane;
-    cbase[j] = c < Q ? p.key_codes + c * 16 : p.value_codes + (c - Q) * 16;
+    // V: this lane fills chunk slot v = c - Q of the tile, i.e. token v / QC's chunk (v % QC) ^ swizzle.
+    const int v = c - Q, vt = v / G::QC, vs = (v % G::QC) ^ v_swizzle<G::QC>(vt);
+    cbase[j] = c < Q ? p.key_codes + c * 16 : p.value_codes + (vt * G::QC + vs) * 16;
   }
   const uint8_t* mbase = reinterpret_cast<const uint8_t*>(p.int2_metadata) + (lane & 15) * 16;
   const bool meta_lane = lane < 16;
   const uint32_t page_rows = (uint32_t)p.num_kv_heads * (uint32_t)P, kv_rows = (uint32_t)kv * (uint32_t)P;
   const uint32_t ring_lane = static_cast<uint32_t>(__cvta_generic_to_shared(wring)) + lane * 16;
+  // This lane's table [k, meta, v] (written and read by this lane only).
+  uint32_t* lane_tbl = reinterpret_cast<uint32_t*>(ring + G::RING_BYTES) + warp * 96 + lane;
+  lane_offsets<D>(lane, lane_tbl[0], lane_tbl[32], lane_tbl[64]);
+  constexpr int NMAT = 2 * NX, LDM = NMAT >= 4 ? 4 : 2, NLDM = NMAT / LDM;  // V: 8x8 matrices, per ldmatrix
+  const uint32_t wring_smem = static_cast<uint32_t>(__cvta_generic_to_shared(wring));
   auto issue = [&](int k, const int (&pg)[TILES]) {
     const uint32_t sbuf = ring_lane + (k % STAGES) * (TILES * G::TILE_BYTES);
 #pragma unroll
@@ -296,7 +349,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
         uint32_t kw[2][KW];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const uint8_t* kp = tb + tile_token(gid + 8 * r) * Q + tq * KW * 4;
+          const uint8_t* kp = tb + lane_tbl[0] + r * 8 * Q;
           if constexpr (KW == 1) {
             kw[r][0] = *reinterpret_cast<const uint32_t*>(kp);
           } else if constexpr (KW == 2) {
@@ -314,7 +367,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
         for (int u = 0; u < KW; ++u) {
           uint32_t src[2][3];
 #pragma unroll
-          for (int r = 0; r < 2; ++r) src[r][0] = kw[r][u], src[r][1] = kw[r][u] << 4, src[r][2] = kw[r][u] >> 6;
+          for (int r = 0; r < 2; ++r) src[r][0] = kw[r][u], src[r][1] = kw[r][u] * ex.times16, src[r][2] = kw[r][u] >> 6;
 #pragma unroll
           for (int e = 0; e < 8; e += 2) {
             const KField f0 = k_field(e), f1 = k_field(e + 1);
@@ -326,12 +379,13 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int tok = tile_start(k, t) + tile_token(gid + 8 * r);
-          const float4 mt = *reinterpret_cast<const float4*>(tb + 32 * Q + tile_token(gid + 8 * r) * 16);
+          const float4 mt = *reinterpret_cast<const float4*>(tb + lane_tbl[32] + r * 128);
           meta[t][r] = FULL || tok < t_end ? mt : make_float4(0.f, 0.f, 0.f, 0.f);
         }
       }
-      // Logits (log2 domain), stage max per head.
-      float bmax0 = -INFINITY, bmax1 = -INFINITY;
+      // Logits minus the running max (log2 domain), stage max per head.
+      float bmax0, bmax1;
+      const float neg_m0 = -m0, neg_m1 = -m1;
 #pragma unroll
       for (int t = 0; t < TILES; ++t) {
 #pragma unroll
@@ -339,36 +393,41 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
           const int tok = tile_start(k, t) + tile_token(gid + 8 * r);
           const float4 mt = meta[t][r];
           const bool valid = FULL || tok < t_end;
-          s[t][2 * r + 0] = valid ? mt.x * fmaf(-mt.y, qsum0, s[t][2 * r + 0]) : -INFINITY;
-          s[t][2 * r + 1] = valid ? mt.x * fmaf(-mt.y, qsum1, s[t][2 * r + 1]) : -INFINITY;
-          bmax0 = fmaxf(bmax0, s[t][2 * r + 0]);
-          bmax1 = fmaxf(bmax1, s[t][2 * r + 1]);
+          s[t][2 * r + 0] = valid ? fmaf(mt.x, fmaf(-mt.y, qsum0, s[t][2 * r + 0]), neg_m0) : -INFINITY;
+          s[t][2 * r + 1] = valid ? fmaf(mt.x, fmaf(-mt.y, qsum1, s[t][2 * r + 1]), neg_m1) : -INFINITY;
+          bmax0 = t + r == 0 ? s[t][0] : fmaxf(bmax0, s[t][2 * r + 0]);
+          bmax1 = t + r == 0 ? s[t][1] : fmaxf(bmax1, s[t][2 * r + 1]);
         }
       }
       // The max over the 16 token rows (lanes gid) is only needed when some lane's logits exceed the
       // running max: after the first stages that is rare, and the shuffles stay off the common path.
-      if (__any_sync(0xffffffffu, bmax0 > m0 || bmax1 > m1)) {
+      // A computed stage has a valid token (its tile 0 starts before t_end), so the stage max is finite.
+      if (__any_sync(0xffffffffu, first || bmax0 > 0.f || bmax1 > 0.f)) {
 #pragma unroll
         for (int off = 4; off < 32; off *= 2) {
           bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
           bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
         }
-        const float mn0 = fmaxf(m0, bmax0), mn1 = fmaxf(m1, bmax1);
-        const float corr0 = mn0 == m0 ? 1.f : exp2f(m0 - mn0), corr1 = mn1 == m1 ? 1.f : exp2f(m1 - mn1);
-        m0 = mn0, m1 = mn1;
+        // The max moves up by delta >= 0 (the first stage: to the stage max, from the placeholder 0).
+        const float delta0 = first ? bmax0 : fmaxf(bmax0, 0.f), delta1 = first ? bmax1 : fmaxf(bmax1, 0.f);
+        const float corr0 = first ? 1.f : exp2f(-delta0), corr1 = first ? 1.f : exp2f(-delta1);
+        first = false;
+        m0 += delta0, m1 += delta1;
         l0 *= corr0, l1 *= corr1, w0 *= corr0, w1 *= corr1, wz0 *= corr0, wz1 *= corr1;
 #pragma unroll
         for (int i = 0; i < G::MT; ++i) o[i][0] *= corr0, o[i][1] *= corr1, o[i][2] *= corr0, o[i][3] *= corr1;
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) s[t][0] -= delta0, s[t][1] -= delta1, s[t][2] -= delta0, s[t][3] -= delta1;
       }
 #pragma unroll
       for (int t = 0; t < TILES; ++t) {
-        const uint8_t* vt = buf + t * G::TILE_BYTES + 16 * Q;
+        const uint32_t vaddr =
+            wring_smem + (k % STAGES) * (TILES * G::TILE_BYTES) + t * G::TILE_BYTES + lane_tbl[64];
         uint32_t pb[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const float4 mt = meta[t][r];
-          const float p0 = !FULL && s[t][2 * r + 0] == -INFINITY ? 0.f : exp2f(s[t][2 * r + 0] - m0);
-          const float p1 = !FULL && s[t][2 * r + 1] == -INFINITY ? 0.f : exp2f(s[t][2 * r + 1] - m1);
+          const float p0 = exp2f(s[t][2 * r + 0]), p1 = exp2f(s[t][2 * r + 1]);  // exp2(-inf) = 0 (masked)
           l0 += p0, l1 += p1;
           const uint32_t wh = pack_half2(p0 * mt.z, p1 * mt.z);
           const float2 wf = unpack_half2(wh);
@@ -376,22 +435,15 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
           wz0 = fmaf(wf.x, mt.w, wz0), wz1 = fmaf(wf.y, mt.w, wz1);
           pb[r] = transpose_8x8_b16(wh);  // -> (k slots 2tq, 2tq+1 [+8]; head gid)
         }
-        // V pair-words: k slots (2tq, 2tq+1) = tokens (tq, tq+4); slots (2tq+8, 2tq+9) = (tq+8, tq+12).
+        // V pair-words by ldmatrix .trans: x[hi][s] = 16-bit column 8s + gid of tokens (tq, tq + 4) + 8 hi,
+        // i.e. k slots (2tq, 2tq + 1) [+ 8].
         uint32_t x[2][NX];
 #pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-          const uint8_t* a = vt + (tq + 8 * hi) * Q + gid * VB;
-          const uint8_t* c = vt + (tq + 4 + 8 * hi) * Q + gid * VB;
-          if constexpr (VB == 2) {
-            x[hi][0] = __byte_perm(*reinterpret_cast<const uint16_t*>(a), *reinterpret_cast<const uint16_t*>(c), 0x5410);
-          } else if constexpr (VB == 4) {
-            const uint32_t wa = *reinterpret_cast<const uint32_t*>(a), wc = *reinterpret_cast<const uint32_t*>(c);
-            x[hi][0] = __byte_perm(wa, wc, 0x5410), x[hi][1] = __byte_perm(wa, wc, 0x7632);
-          } else {
-            const uint2 wa = *reinterpret_cast<const uint2*>(a), wc = *reinterpret_cast<const uint2*>(c);
-            x[hi][0] = __byte_perm(wa.x, wc.x, 0x5410), x[hi][1] = __byte_perm(wa.x, wc.x, 0x7632);
-            x[hi][2] = __byte_perm(wa.y, wc.y, 0x5410), x[hi][3] = __byte_perm(wa.y, wc.y, 0x7632);
-          }
+        for (int i = 0; i < NLDM; ++i) {
+          uint32_t r[LDM];
+          ldmatrix_trans(r, vaddr + i * 8 * Q);
+#pragma unroll
+          for (int j = 0; j < LDM; ++j) x[(i * LDM + j) / NX][(i * LDM + j) % NX] = r[j];
         }
 #pragma unroll
         for (int xi = 0; xi < NX; ++xi) {
@@ -400,7 +452,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
           for (int hi = 0; hi < 2; ++hi) {
             const uint32_t X = x[hi][xi];
             const uint32_t Y = __byte_perm(X, 0u, 0x2301);
-            src[hi][0] = X, src[hi][1] = X << 4, src[hi][2] = Y, src[hi][3] = Y << 4;
+            src[hi][0] = X, src[hi][1] = X * ex.times16, src[hi][2] = Y, src[hi][3] = Y * ex.times16;
           }
 #pragma unroll
           for (int fp = 0; fp < 8; fp += 2) {
@@ -435,7 +487,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   for (int mt = 0; mt < G::MT; ++mt) {
     const int xi = mt / 4, fp = 2 * (mt % 4);
     const VField f0 = v_field(fp), f1 = v_field(fp + 1);
-    const int ch0 = f0.qq * Q + gid * VB + 2 * xi + f0.b, ch1 = f1.qq * Q + gid * VB + 2 * xi + f1.b;
+    const int ch0 = f0.qq * Q + 2 * (8 * xi + gid) + f0.b, ch1 = f1.qq * Q + 2 * (8 * xi + gid) + f1.b;
     const float off0 = (float)field_offset(f0.pos), off1 = (float)field_offset(f1.pos);
     if (h0 < g) {
       sh.o[warp][h0][ch0] = o[mt][0] - fmaf(off0, w0, wz0);
@@ -446,6 +498,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       sh.o[warp][h1][ch1] = o[mt][3] - fmaf(off1, w1, wz1);
     }
   }
+  if (first) m0 = m1 = -INFINITY;  // no stage: an empty warp (l = 0, o = 0)
   if (gid == 0) {
     if (h0 < g) sh.m[warp][h0] = m0, sh.l[warp][h0] = l0;
     if (h1 < g) sh.m[warp][h1] = m1, sh.l[warp][h1] = l1;
