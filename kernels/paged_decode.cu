@@ -141,7 +141,10 @@ struct Int2Geom {
   static constexpr int TILE_BYTES = 16 * (2 * Q + 16);  // K codes, V codes, metadata
   static constexpr int WARP_BYTES = STAGES * TILES * TILE_BYTES;
   static constexpr int RING_BYTES = kDecodeWarps * WARP_BYTES;
-  static constexpr int CTA_BYTES = RING_BYTES + kDecodeWarps * 3 * 32 * 4;  // + lane tables [warp][3][32]
+  static constexpr int CPY = 2 * Q / 32;  // 16-byte code chunks per lane per tile (K codes [0, Q), V [Q, 2Q))
+  // Per-warp lane tables after the rings: smem offsets [3][32] uint32, copy sources [CPY + 1][32] pointers.
+  static constexpr int TABLE_BYTES = 3 * 32 * 4 + (CPY + 1) * 32 * 8;
+  static constexpr int CTA_BYTES = RING_BYTES + kDecodeWarps * TABLE_BYTES;
   static constexpr int STEP = kDecodeWarps * TILES * 16;  // tokens per CTA step
   static_assert(STEP == kInt2SplitQuantum, "split quantum must equal one CTA step");
 };
@@ -235,27 +238,32 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   };
   // Copy addresses: per-lane source bases and the shared-window ring address are computed once, so a
   // tile costs one 64-bit multiply-add per 16-byte copy; copies past t_end are predicated off.
-  constexpr int CPY = 2 * Q / 32;  // 16-byte code chunks per lane per tile (K codes [0, Q), V codes [Q, 2Q))
+  constexpr int CPY = G::CPY;
   static_assert(CPY >= 1 && (Q >= 32 || Q == 16), "chunk split");
-  const uint8_t* cbase[CPY];
+  // Copy sources of this lane (code chunks, metadata), kept in the lane table like the offsets.
+  const uint8_t** src_tbl =
+      reinterpret_cast<const uint8_t**>(ring + G::RING_BYTES + warp * G::TABLE_BYTES + 3 * 32 * 4) + lane;
 #pragma unroll
   for (int j = 0; j < CPY; ++j) {
     const int c = 32 * j + lane;
     // V: this lane fills chunk slot v = c - Q of the tile, i.e. token v / QC's chunk (v % QC) ^ swizzle.
     const int v = c - Q, vt = v / G::QC, vs = (v % G::QC) ^ v_swizzle<G::QC>(vt);
-    cbase[j] = c < Q ? p.key_codes + c * 16 : p.value_codes + (vt * G::QC + vs) * 16;
+    src_tbl[32 * j] = c < Q ? p.key_codes + c * 16 : p.value_codes + (vt * G::QC + vs) * 16;
   }
-  const uint8_t* mbase = reinterpret_cast<const uint8_t*>(p.int2_metadata) + (lane & 15) * 16;
+  src_tbl[32 * CPY] = reinterpret_cast<const uint8_t*>(p.int2_metadata) + (lane & 15) * 16;
   const bool meta_lane = lane < 16;
   const uint32_t page_rows = (uint32_t)p.num_kv_heads * (uint32_t)P, kv_rows = (uint32_t)kv * (uint32_t)P;
   const uint32_t ring_lane = static_cast<uint32_t>(__cvta_generic_to_shared(wring)) + lane * 16;
   // This lane's table [k, meta, v] (written and read by this lane only).
-  uint32_t* lane_tbl = reinterpret_cast<uint32_t*>(ring + G::RING_BYTES) + warp * 96 + lane;
+  uint32_t* lane_tbl = reinterpret_cast<uint32_t*>(ring + G::RING_BYTES + warp * G::TABLE_BYTES) + lane;
   lane_offsets<D>(lane, lane_tbl[0], lane_tbl[32], lane_tbl[64]);
   constexpr int NMAT = 2 * NX, LDM = NMAT >= 4 ? 4 : 2, NLDM = NMAT / LDM;  // V: 8x8 matrices, per ldmatrix
   const uint32_t wring_smem = static_cast<uint32_t>(__cvta_generic_to_shared(wring));
   auto issue = [&](int k, const int (&pg)[TILES]) {
     const uint32_t sbuf = ring_lane + (k % STAGES) * (TILES * G::TILE_BYTES);
+    const uint8_t* src[CPY + 1];  // read before the first copy (its "memory" clobber would force re-reads)
+#pragma unroll
+    for (int j = 0; j <= CPY; ++j) src[j] = src_tbl[32 * j];
 #pragma unroll
     for (int t = 0; t < TILES; ++t) {
       const int tok = tile_start(k, t);
@@ -267,8 +275,8 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       const size_t code_off = (size_t)row * Q + (t - t0) * 16 * Q, meta_off = (size_t)row * 16 + (t - t0) * 256;
       const uint32_t tb = sbuf + t * G::TILE_BYTES;
 #pragma unroll
-      for (int j = 0; j < CPY; ++j) cp_async16_if(tb + j * 512, cbase[j] + code_off, live);
-      cp_async16_if(tb + 32 * Q, mbase + meta_off, live && meta_lane);
+      for (int j = 0; j < CPY; ++j) cp_async16_if(tb + j * 512, src[j] + code_off, live);
+      cp_async16_if(tb + 32 * Q, src[CPY] + meta_off, live && meta_lane);
     }
   };
 
