@@ -8,10 +8,10 @@
 // sum_t w_t v_hat_t = sum_t w_t s_t (c_t - z_t).
 // 2-bit codes become fp16 operands with one LOP3 each: a code at mantissa bits 4-5, 6-7 or 8-9 of a
 // half with exponent 64, 16 or 4 reads as (64 + c), (16 + c) or (4 + c) exactly; two shifts per
-// 32-bit word bring all 16 codes of a word to such positions (K; the left shift as a multiply, off the
-// ALU pipe), one byte swap and two shifts for V; V's pair-words (two tokens per 16-bit column) come
-// from ldmatrix .trans
-// (whose offsets stay <= 16 so the fp32 accumulation of the offset costs < 2^-20 relative). The offsets are constants
+// 32-bit word bring all 16 codes of a word to such positions (K), one byte swap and two shifts for V
+// (whose offsets stay <= 16 so the fp32 accumulation of the offset costs < 2^-20 relative); the left
+// shifts are multiplies (IMAD, FMA pipe: the ALU pipe is busy with the LOP3s). V's pair-words (one 16-bit
+// column of two tokens) come from ldmatrix .trans. The offsets are constants
 // per channel and are removed afterwards: for K as sum_j q_j off_j per head, for V as off_c sum_t w_t.
 // The mma k index of QK and the m index of PV are channel permutations; both are undone exactly
 // (the q fragments are built in the permuted order, the output channels written back unpermuted).
@@ -236,8 +236,9 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
         pg[t] = tok < t_end ? __ldg(table + ((uint32_t)tok >> page_shift)) : 0;
     }
   };
-  // Copy addresses: per-lane source bases and the shared-window ring address are computed once, so a
-  // tile costs one 64-bit multiply-add per 16-byte copy; copies past t_end are predicated off.
+  // Copy addresses: per-lane source bases (in the lane table) and the shared-window ring address are
+  // computed once, so a tile costs one 64-bit multiply-add per 16-byte copy; copies past t_end are
+  // predicated off.
   constexpr int CPY = G::CPY;
   static_assert(CPY >= 1 && (Q >= 32 || Q == 16), "chunk split");
   // Copy sources of this lane (code chunks, metadata), kept in the lane table like the offsets.
