@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(D) quantize_rows_rotated_kernel(const Quantize
 }
 
 // ---------------------------------------------------------------- rotated path: fp16 split, warp pipelines
-// d <= 128. One persistent CTA per SM converts R once: each column is scaled by a power of two 2^c_n
+// d <= 128. Persistent CTAs (one per SM at d = 128, two at d = 64) convert R once: each column is scaled by a power of two 2^c_n
 // (max |R[:, n]| in [2^13, 2^14)) and split as R = R_hi + R_lo, both fp16 (R_lo the fp16 of the exact
 // fp32 remainder), stored in the B-fragment order of mma.sync m16n8k16 (one 16-byte load per lane,
 // k-step and n-tile). Then every warp runs its own pipeline over 32-row tiles, with no CTA barrier:
@@ -474,8 +474,9 @@ __device__ __forceinline__ void load_warp_tile(const QuantizePackParams& p, floa
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
+// d = 64 runs two CTAs per SM (<= 128 registers; 230 at d = 128, where shared memory allows one).
 template <int D, int KMAX>
-__global__ void __launch_bounds__(kSplitWarps * 32, 1) quantize_rows_rotated_split_kernel(const QuantizePackParams p, int k_top) {
+__global__ void __launch_bounds__(kSplitWarps * 32, D == 64 ? 2 : 1) quantize_rows_rotated_split_kernel(const QuantizePackParams p, int k_top) {
   static_assert(D == 64 || D == 128, "R fragments of d = 256 do not fit in shared memory");
   constexpr int XS = D + 4, KSTEPS = D / 16, NTILES = D / 8, THREADS = kSplitWarps * 32;
   extern __shared__ __align__(16) float smem[];
@@ -556,16 +557,22 @@ __global__ void __launch_bounds__(kSplitWarps * 32, 1) quantize_rows_rotated_spl
         a_hi[m][1] = v.x, a_hi[m][3] = v.y, a_lo[m][1] = v.z, a_lo[m][3] = v.w;
       }
       const uint4* bk = rfrag + ks * NTILES * 32 + lane;
+      uint4 b[NTILES];
 #pragma unroll
-      for (int n = 0; n < NTILES; ++n) {
-        const uint4 b = bk[n * 32];
+      for (int n = 0; n < NTILES; ++n) b[n] = bk[n * 32];
+      // Three passes over the 2 x NTILES tiles: consecutive mma are independent.
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_fp16(acc[m][n], a_lo[m], b.x, b.y);
+      for (int n = 0; n < NTILES; ++n)
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_fp16(acc[m][n], a_hi[m], b.z, b.w);
+        for (int m = 0; m < 2; ++m) mma_fp16(acc[m][n], a_lo[m], b[n].x, b[n].y);
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_fp16(acc[m][n], a_hi[m], b.x, b.y);
-      }
+      for (int n = 0; n < NTILES; ++n)
+#pragma unroll
+        for (int m = 0; m < 2; ++m) mma_fp16(acc[m][n], a_hi[m], b[n].z, b[n].w);
+#pragma unroll
+      for (int n = 0; n < NTILES; ++n)
+#pragma unroll
+        for (int m = 0; m < 2; ++m) mma_fp16(acc[m][n], a_hi[m], b[n].x, b[n].y);
     }
     float rinv[2][2];
 #pragma unroll
