@@ -45,6 +45,22 @@ struct LayerActivations {
   std::vector<float> v;  // [tokens, Hkv, d]
 };
 
+// One layer's activations (a token range of it) as the dump stores them: the bytes of Q [tokens, Hq, d],
+// K and V [tokens, Hkv, d] in `dtype` (2 or 4 bytes per value), neither converted nor checked. The
+// accumulation streams these and widens one head's rows at a time with stored_rows_to_double: a block
+// costs its stored size in memory and no float32 pass.
+struct StoredActivations {
+  int layer = 0;
+  int64_t first_token = 0, tokens = 0;
+  StorageType dtype = StorageType::float32;
+  std::vector<unsigned char> q, k, v;
+};
+
+// Rows [first, first + count) of head `head` of a stored [tokens, heads, d] tensor, as float64 into
+// out [count, d]. Returns the first of these rows that holds a non-finite value, or -1.
+int64_t stored_rows_to_double(const std::vector<unsigned char>& tensor, StorageType dtype, int heads, int head, int d,
+                              int64_t first, int64_t count, double* out);
+
 class DumpReader {
  public:
   explicit DumpReader(const std::string& path);  // validates schema, geometry, shapes; throws oscar::Error
@@ -58,6 +74,9 @@ class DumpReader {
   // with the stored chunks decoded (inflated, converted) on `threads` threads.
   void read_layer_into(LayerActivations& out, int layer, int64_t first, int64_t count, bool with_queries,
                        int threads) const;
+  // The same token range as stored (see StoredActivations; with_queries = false leaves q empty).
+  void read_stored_into(StoredActivations& out, int layer, int64_t first, int64_t count, bool with_queries,
+                        int threads) const;
   // Rows per HDF5 chunk along T of this layer's K (the natural streaming granularity).
   int64_t chunk_tokens(int layer) const;
 

@@ -49,6 +49,15 @@ Handle open_dataset(const File& file, const std::string& dataset) {
   return Handle(id, H5Dclose);
 }
 
+// Elements in one row (along the first axis) of an array of shape dims.
+size_t elements_per_row(const std::vector<int64_t>& dims) {
+  size_t n = 1;
+  for (size_t i = 1; i < dims.size(); ++i) n *= static_cast<size_t>(dims[i]);
+  return n;
+}
+
+}  // namespace
+
 size_t element_bytes(Element e) {
   switch (e) {
     case Element::float64:
@@ -60,15 +69,6 @@ size_t element_bytes(Element e) {
   }
   return 1;
 }
-
-// Elements in one row (along the first axis) of an array of shape dims.
-size_t elements_per_row(const std::vector<int64_t>& dims) {
-  size_t n = 1;
-  for (size_t i = 1; i < dims.size(); ++i) n *= static_cast<size_t>(dims[i]);
-  return n;
-}
-
-}  // namespace
 
 // Widens n 16-bit floats (float16 or bfloat16) at `src` to n float32 at `dst`, which may be the same
 // memory (the values in its first 2n bytes: a read then needs no staging buffer); returns whether all
@@ -467,14 +467,48 @@ bool File::decodes_chunks(const std::string& dataset) const {
 
 bool File::read_rows_parallel(const std::string& dataset, int64_t first, int64_t count, float* out, int threads,
                               ChunkBuffers& buffers) const {
+  return decode_rows(dataset, first, count, out, true, threads, buffers);
+}
+
+void File::read_stored_rows_parallel(const std::string& dataset, int64_t first, int64_t count, void* out, int threads,
+                                     ChunkBuffers& buffers) const {
+  decode_rows(dataset, first, count, out, false, threads, buffers);
+}
+
+// Rows as stored, through HDF5 (memory type = the stored element type).
+void File::read_stored_rows(const std::string& dataset, int64_t first, int64_t count, void* out) const {
   const Element e = element(dataset);
-  if (threads <= 1 || count <= 0) return read_rows(dataset, first, count, out);
+  OSCAR_CHECK(e == Element::float32 || e == Element::float16 || e == Element::bfloat16,
+              "{}: dataset '{}' holds {} where floating-point activations are expected", path_, dataset,
+              element_name(e));
+  Handle d = open_dataset(*this, dataset);
+  Handle space(H5Dget_space(d.id()), H5Sclose);
+  if (select_rows(*this, dataset, space.id(), first, count) * count == 0) return;
+  Handle memory_space = selection_shaped_space(*this, dataset, count);
+  Handle half = half_type();
+  const hid_t memory_type = e == Element::float32 ? H5T_NATIVE_FLOAT
+                            : e == Element::float16 ? half.id() : H5T_NATIVE_UINT16;
+  OSCAR_CHECK(H5Dread(d.id(), memory_type, memory_space.id(), space.id(), H5P_DEFAULT, out) >= 0,
+              "{}: cannot read rows [{}, {}) of '{}' (truncated or corrupt file)", path_, first, first + count, dataset);
+}
+
+bool File::decode_rows(const std::string& dataset, int64_t first, int64_t count, void* out_bytes, bool convert,
+                       int threads, ChunkBuffers& buffers) const {
+  const Element e = element(dataset);
+  float* out = static_cast<float*>(out_bytes);  // convert mode only
+  // Fallback through HDF5 (it converts, or keeps the stored type).
+  auto fallback = [&] {
+    if (convert) return read_rows(dataset, first, count, out);
+    read_stored_rows(dataset, first, count, out_bytes);
+    return true;
+  };
+  if (threads <= 1 || count <= 0) return fallback();
   Handle d = open_dataset(*this, dataset);
   const std::vector<int64_t> dims = shape(dataset);
   OSCAR_CHECK(!dims.empty() && first >= 0 && first + count <= dims[0], "{}: rows [{}, {}) outside '{}' with {} rows",
               path_, first, first + count, dataset, dims.empty() ? 0 : dims[0]);
   const std::optional<ChunkCodec> codec = chunk_codec(d.id(), e, dims);
-  if (!codec) return read_rows(dataset, first, count, out);
+  if (!codec) return fallback();
   const hsize_t chunk_rows = codec->rows;
   const bool shuffled = codec->shuffled, deflated = codec->deflated;
 
@@ -491,7 +525,7 @@ bool File::read_rows_parallel(const std::string& dataset, int64_t first, int64_t
   unsigned intent = 0;
   if (H5Fget_intent(id(), &intent) >= 0 && (intent & H5F_ACC_RDWR)) H5Fflush(id(), H5F_SCOPE_LOCAL);
   Handle access(H5Fget_access_plist(id()), H5Pclose);
-  if (H5Pget_driver(access.id()) != H5FD_SEC2) return read_rows(dataset, first, count, out);
+  if (H5Pget_driver(access.id()) != H5FD_SEC2) return fallback();
   Handle creation(H5Fget_create_plist(id()), H5Pclose);
   hsize_t user_block = 0;
   H5Pget_userblock(creation.id(), &user_block);
@@ -504,7 +538,7 @@ bool File::read_rows_parallel(const std::string& dataset, int64_t first, int64_t
     OSCAR_CHECK(H5Dget_chunk_info_by_coord(d.id(), offset.data(), &skipped[c], &address[c], &stored[c]) >= 0,
                 "{}: cannot locate the chunk at row {} of '{}' (corrupt file)", path_, offset[0], dataset);
     if (address[c] == HADDR_UNDEF || stored[c] == 0)
-      return read_rows(dataset, first, count, out);  // unwritten chunk: HDF5 supplies the fill value
+      return fallback();  // unwritten chunk: HDF5 supplies the fill value
   }
   struct Descriptor {
     int fd;
@@ -523,19 +557,37 @@ bool File::read_rows_parallel(const std::string& dataset, int64_t first, int64_t
   std::vector<char> finite(chunks, 1);
   parallel_for(chunks, threads, [&](int c) {
     const int64_t chunk_first = (first_chunk + c) * static_cast<int64_t>(chunk_rows);
+    // Rows of this chunk inside [first, first + count), as an element range of the chunk.
+    const int64_t row_begin = std::max(first, chunk_first);
+    const int64_t row_end = std::min(first + count, chunk_first + static_cast<int64_t>(chunk_rows));
+    const size_t begin = static_cast<size_t>(row_begin - chunk_first) * per_row;
+    const size_t n = static_cast<size_t>(row_end - row_begin) * per_row;
+    const size_t out_offset = static_cast<size_t>(row_begin - first) * per_row;
+    // Reads `length` stored bytes of the chunk from byte `offset` on.
+    auto read_chunk = [&](unsigned char* into, size_t offset, size_t length) {
+      size_t done = 0;
+      while (done < length) {
+        const ssize_t got = ::pread(fd, into + done, length - done,
+                                    static_cast<off_t>(user_block + address[c] + offset + done));
+        if (got < 0 && errno == EINTR) continue;
+        OSCAR_CHECK(got > 0, "{}: the chunk at row {} of '{}' lies past the end of the file (truncated file)", path_,
+                    chunk_first, dataset);
+        done += static_cast<size_t>(got);
+      }
+    };
+    const bool inflate = deflated && !(skipped[c] & (1u << (shuffled ? 1 : 0)));
+    const bool unshuffle = shuffled && !(skipped[c] & 1u);
+    if (!convert && !inflate && !unshuffle) {  // stored bytes wanted and stored plainly: no staging
+      OSCAR_CHECK(stored[c] == chunk_elements * bytes, "{}: the chunk at row {} of '{}' holds {} bytes, not {}", path_,
+                  chunk_first, dataset, stored[c], chunk_elements * bytes);
+      read_chunk(static_cast<unsigned char*>(out_bytes) + out_offset * bytes, begin * bytes, n * bytes);
+      return;
+    }
     std::vector<unsigned char>& packed = buffers.packed[c % workers];
     packed.resize(stored[c]);
-    size_t done = 0;
-    while (done < packed.size()) {
-      const ssize_t got = ::pread(fd, packed.data() + done, packed.size() - done,
-                                  static_cast<off_t>(user_block + address[c] + done));
-      if (got < 0 && errno == EINTR) continue;
-      OSCAR_CHECK(got > 0, "{}: the chunk at row {} of '{}' lies past the end of the file (truncated file)", path_,
-                  chunk_first, dataset);
-      done += static_cast<size_t>(got);
-    }
+    read_chunk(packed.data(), 0, packed.size());
     const unsigned char* plain = packed.data();
-    if (deflated && !(skipped[c] & (1u << (shuffled ? 1 : 0)))) {
+    if (inflate) {
       std::vector<unsigned char>& inflated = buffers.plain[c % workers];
       inflated.resize(chunk_elements * bytes);
       uLongf length = static_cast<uLongf>(inflated.size());
@@ -548,13 +600,8 @@ bool File::read_rows_parallel(const std::string& dataset, int64_t first, int64_t
       OSCAR_CHECK(packed.size() == chunk_elements * bytes, "{}: the chunk at row {} of '{}' holds {} bytes, not {}",
                   path_, chunk_first, dataset, packed.size(), chunk_elements * bytes);
     }
-    // Rows of this chunk inside [first, first + count), as an element range of the chunk.
-    const int64_t row_begin = std::max(first, chunk_first);
-    const int64_t row_end = std::min(first + count, chunk_first + static_cast<int64_t>(chunk_rows));
-    const size_t begin = static_cast<size_t>(row_begin - chunk_first) * per_row;
-    const size_t n = static_cast<size_t>(row_end - row_begin) * per_row;
     const unsigned char* src = plain + begin * bytes;
-    if (shuffled && !(skipped[c] & 1u)) {
+    if (unshuffle) {
       // Shuffled: byte b of element i is at b * chunk_elements + i.
       std::vector<unsigned char>& ordered = buffers.unshuffled[c % workers];
       ordered.resize(n * bytes);
@@ -570,7 +617,11 @@ bool File::read_rows_parallel(const std::string& dataset, int64_t first, int64_t
       }
       src = ordered.data();
     }
-    float* dst = out + static_cast<size_t>(row_begin - first) * per_row;
+    if (!convert) {
+      std::memcpy(static_cast<unsigned char*>(out_bytes) + out_offset * bytes, src, n * bytes);
+      return;
+    }
+    float* dst = out + out_offset;
     if (bytes == 2) {
       finite[c] = widen_halves(src, n, e == Element::bfloat16, dst);
     } else {

@@ -87,6 +87,12 @@ class File {
   // threads <= 1, go through read_rows.
   bool read_rows_parallel(const std::string& dataset, int64_t first, int64_t count, float* out, int threads,
                           ChunkBuffers& buffers) const;
+  // The same rows as stored, not converted and not checked (the caller converts and checks them):
+  // element_bytes(element(dataset)) bytes per value, float32, float16 or bfloat16 datasets only.
+  // Chunks are decoded on `threads` threads as above; chunks stored without filters are read by pread
+  // straight into `out`.
+  void read_stored_rows_parallel(const std::string& dataset, int64_t first, int64_t count, void* out, int threads,
+                                 ChunkBuffers& buffers) const;
   bool decodes_chunks(const std::string& dataset) const;  // whether read_rows_parallel decodes them itself
   // Rows written from float32, converted to the dataset's element type (fp16/bf16 round to nearest even).
   void write_rows(const std::string& dataset, int64_t first, int64_t count, const float* data);
@@ -106,10 +112,15 @@ class File {
   Handle handle_;
   std::string path_;
   bool transfer_rows(const std::string& dataset, int64_t first, int64_t count, float* buffer, bool write) const;
+  // read_rows_parallel (convert: float32 out, returns finiteness) or read_stored_rows_parallel.
+  bool decode_rows(const std::string& dataset, int64_t first, int64_t count, void* out, bool convert, int threads,
+                   ChunkBuffers& buffers) const;
+  void read_stored_rows(const std::string& dataset, int64_t first, int64_t count, void* out) const;
   void write_whole(const std::string& dataset, const std::vector<int64_t>& shape, hid_t file_type, hid_t memory_type,
                    const void* data);
 };
 
 const char* element_name(Element element);
+size_t element_bytes(Element element);
 
 }  // namespace oscar::h5
