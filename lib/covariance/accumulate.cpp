@@ -37,44 +37,45 @@ struct BlockRead {
   bool with_queries;
 };
 
-// Reads the blocks of the whole run in the order the accumulation uses them (layer by layer, pass by
-// pass), the next one in flight on a background thread while the workers compute on the current one,
-// across passes and layers too (a layer of one block would otherwise wait for its own read). HDF5 is
-// only ever used by that thread (settle() lets the caller use a reader in between). The reader decodes
-// stored chunks on `threads` threads, which share the cores with the workers. Two buffers take turns
-// (the caller's block and the spare being filled), so after the first blocks no read allocates or
-// touches fresh pages.
-class BlockStream {
+// The blocks of the whole run, read in the order the accumulation uses them (layer by layer, pass by
+// pass), each one while the previous one is computed on: the computation and the next block's chunk
+// decoding are one job on the thread pool (computation items first, the short decode tasks after
+// them, claimed one at a time), so the cores are neither oversubscribed nor idle at the end of a
+// block, also across passes and layers. HDF5 is only used by the calling thread (to plan a read).
+// Two buffers take turns (the block computed on and the one being filled), so after the first blocks
+// no read allocates or touches fresh pages.
+class BlockPipeline {
  public:
-  BlockStream(std::vector<BlockRead> reads, int threads) : reads_(std::move(reads)), threads_(threads) { launch(); }
-  ~BlockStream() { settle(); }
-  // Swaps the next block (reads[i] for the i-th call) into `block`; returns its read.
-  const BlockRead& next(StoredActivations& block) {
-    OSCAR_CHECK(next_.valid(), "block stream exhausted");
-    next_.get();  // rethrows a read error
-    std::swap(block, spare_);
-    const BlockRead& read = reads_[index_++];
-    launch();
-    return read;
+  BlockPipeline(std::vector<BlockRead> reads, int threads) : reads_(std::move(reads)), threads_(threads) {
+    step(0, nullptr);  // the first block, read alone
   }
-  // Waits for the read in flight (if any) without consuming it.
-  void settle() {
-    if (next_.valid()) next_.wait();
+  const StoredActivations& block() const { return block_; }
+  const BlockRead& read() const { return reads_[index_ - 1]; }  // the current block's
+  // Runs compute(item, worker) for item in [0, items) on the current block while the next block is
+  // read, then makes that block current.
+  void step(int items, const std::function<void(int, int)>& compute) {
+    StoredBlockRead plan;
+    if (index_ < reads_.size()) {
+      const BlockRead& r = reads_[index_];
+      plan = r.reader->plan_stored_into(spare_, r.layer, r.first, r.count, r.with_queries);
+    }
+    scratch_.resize(std::max<size_t>(scratch_.size(), parallel_workers(items + plan.tasks(), threads_)));
+    parallel_for_dynamic(items + plan.tasks(), threads_, [&](int i, int worker) {
+      if (i < items)
+        compute(i, worker);
+      else
+        plan.run(i - items, scratch_[worker]);
+    });
+    std::swap(block_, spare_);
+    ++index_;
   }
 
  private:
-  void launch() {
-    if (index_ >= reads_.size()) return;
-    const BlockRead& r = reads_[index_];
-    next_ = std::async(std::launch::async, [this, r] {
-      r.reader->read_stored_into(spare_, r.layer, r.first, r.count, r.with_queries, threads_);
-    });
-  }
   std::vector<BlockRead> reads_;
-  size_t index_ = 0;
+  size_t index_ = 0;  // reads started
   int threads_;
-  StoredActivations spare_;
-  std::future<void> next_;
+  StoredActivations block_, spare_;
+  h5::File::ChunkBuffers scratch_;
 };
 
 constexpr int64_t kSubRows = kSubBlockTokens;
@@ -141,14 +142,11 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
   // layer: the result does not depend on the thread count or the block size.
   constexpr int kProxyParts = 4;
   const int items1 = hq + 2 * hkv, items2 = hkv * kProxyParts;
-  const int workers1 = parallel_workers(items1, threads), workers2 = parallel_workers(items2, threads);
-  // Buffers reused for the whole run: the block, float64 sub-block rows per worker (parallel_for runs
-  // item i on worker i % workers), the partial sums.
-  StoredActivations block;
+  // Buffers reused for the whole run: float64 sub-block rows per worker, the partial sums.
   struct Scratch {
     std::vector<double> rows, keys, weighted_keys;
   };
-  std::vector<Scratch> scratch(std::max(workers1, workers2));
+  std::vector<Scratch> scratch(threads);
   for (Scratch& s : scratch) {
     s.rows.resize(kSubRows * d);
     s.keys.resize(kSubRows * d);
@@ -163,7 +161,8 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
       for (const auto& r : readers)
         for (int64_t first = 0; first < r->info().tokens; first += block_tokens)
           reads.push_back({r.get(), layer, first, std::min(block_tokens, r->info().tokens - first), with_queries});
-  BlockStream stream(std::move(reads), threads);
+  BlockPipeline pipeline(std::move(reads), threads);
+  const StoredActivations& block = pipeline.block();
   // Widens rows [first, first + count) of one head of the block; a non-finite value is an error
   // naming the dump, the dataset, the token and the head.
   const DumpReader* reader = nullptr;
@@ -180,12 +179,13 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
     // Pass 1: C_Q, K^T K, V^T V.
     std::fill(query_partial.begin(), query_partial.end(), 0.0);
     for (const auto& r : readers) {
-      for (int64_t done = 0; done < r->info().tokens; done += block.tokens) {
-        reader = stream.next(block).reader;
-        OSCAR_CHECK(block.layer == layer && reader == r.get() && !block.q.empty(), "block stream out of order");
+      for (int64_t done = 0; done < r->info().tokens;) {
+        reader = pipeline.read().reader;
+        OSCAR_CHECK(block.layer == layer && reader == r.get() && pipeline.read().with_queries, "blocks out of order");
         const int64_t n = block.tokens;
-        parallel_for(items1, threads, [&](int i) {
-          Scratch& s = scratch[i % workers1];
+        done += n;
+        pipeline.step(items1, [&](int i, int worker) {
+          Scratch& s = scratch[worker];
           const char* name = i < hq ? "q" : i < hq + hkv ? "k" : "v";
           const int heads = i < hq ? hq : hkv, head = i < hq ? i : i < hq + hkv ? i - hq : i - hq - hkv;
           double* sum = i < hq            ? query_partial.data() + i * dd
@@ -232,16 +232,17 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
     std::fill(proxy_partial.begin(), proxy_partial.end(), 0.0);
     std::fill(proxy_weight.begin(), proxy_weight.end(), 0.0);
     for (const auto& r : readers) {
-      for (int64_t done = 0; done < r->info().tokens; done += block.tokens) {
-        reader = stream.next(block).reader;
-        OSCAR_CHECK(block.layer == layer && reader == r.get() && block.q.empty(), "block stream out of order");
+      for (int64_t done = 0; done < r->info().tokens;) {
+        reader = pipeline.read().reader;
+        OSCAR_CHECK(block.layer == layer && reader == r.get() && !pipeline.read().with_queries, "blocks out of order");
         const int64_t n = block.tokens;
-        parallel_for(items2, threads, [&](int i) {
+        done += n;
+        const int64_t first_sub = block.first_token / kSubRows;
+        pipeline.step(items2, [&](int i, int worker) {
           const int h = i / kProxyParts, part = i % kProxyParts;
-          Scratch& s = scratch[i % workers2];
+          Scratch& s = scratch[worker];
           // The block starts at a multiple of kSubRows: sub-block j of the block is the dump's
-          // sub-block first_token / kSubRows + j.
-          const int64_t first_sub = block.first_token / kSubRows;
+          // sub-block first_sub + j.
           for (int64_t j = (part - first_sub % kProxyParts + kProxyParts) % kProxyParts; j * kSubRows < n;
                j += kProxyParts) {
             const int64_t first = j * kSubRows, rows = std::min(kSubRows, n - first);
@@ -281,7 +282,6 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
 
     // Pass 3: attention outputs of sampled queries, per sequence (causal, never across sequences).
     if (options.score_queries > 0) {
-      stream.settle();  // the next layer's first block may be in flight on the same reader
       const double scale = 1.0 / std::sqrt(static_cast<double>(d));
       for (const auto& r : readers) {
         const auto& offsets = r->info().sequence_offsets;

@@ -16,6 +16,7 @@
 
 #include "common/error.h"
 #include "common/float16.h"
+#include "common/parallel.h"
 #include "io/hdf5.h"
 
 namespace oscar {
@@ -159,8 +160,8 @@ void DumpReader::read_layer_into(LayerActivations& a, int layer, int64_t first, 
   }
 }
 
-void DumpReader::read_stored_into(StoredActivations& a, int layer, int64_t first, int64_t count, bool with_queries,
-                                  int threads) const {
+StoredBlockRead DumpReader::plan_stored_into(StoredActivations& a, int layer, int64_t first, int64_t count,
+                                             bool with_queries) const {
   OSCAR_CHECK(std::find(info_.layers.begin(), info_.layers.end(), layer) != info_.layers.end(),
               "{}: layer {} is not in this dump (layers present: {})", path_, layer, fmt::join(info_.layers, ","));
   OSCAR_CHECK(first >= 0 && count >= 0 && first + count <= info_.tokens,
@@ -175,11 +176,32 @@ void DumpReader::read_stored_into(StoredActivations& a, int layer, int64_t first
   a.q.resize(with_queries ? static_cast<size_t>(count) * g.num_q_heads * g.head_dim * bytes : 0);
   a.k.resize(static_cast<size_t>(count) * g.num_kv_heads * g.head_dim * bytes);
   a.v.resize(a.k.size());
+  StoredBlockRead plan;
   const std::pair<const char*, std::vector<unsigned char>*> parts[] = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}};
   for (auto [name, data] : parts)
-    if (!data->empty())
-      impl_->file.read_stored_rows_parallel(layer_path(layer, name), first, count, data->data(), threads,
-                                            impl_->buffers);
+    if (!data->empty()) {
+      plan.parts_.push_back(impl_->file.plan_stored_rows(layer_path(layer, name), first, count, data->data()));
+      plan.total_ += plan.parts_.back().chunks();
+    }
+  return plan;
+}
+
+void StoredBlockRead::run(int task, h5::File::ChunkScratch& scratch) const {
+  for (const auto& part : parts_) {
+    if (task < part.chunks()) {
+      part.decode(task, scratch);
+      return;
+    }
+    task -= part.chunks();
+  }
+  fail("StoredBlockRead: task {} out of range", task);
+}
+
+void DumpReader::read_stored_into(StoredActivations& a, int layer, int64_t first, int64_t count, bool with_queries,
+                                  int threads) const {
+  const StoredBlockRead plan = plan_stored_into(a, layer, first, count, with_queries);
+  impl_->buffers.resize(std::max<size_t>(impl_->buffers.size(), parallel_workers(plan.tasks(), threads)));
+  parallel_for_dynamic(plan.tasks(), threads, [&](int t, int worker) { plan.run(t, impl_->buffers[worker]); });
 }
 
 namespace {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "io/hdf5.h"
+
 namespace oscar {
 
 inline constexpr const char* kDumpSchema = "oscar.dump";
@@ -56,6 +58,20 @@ struct StoredActivations {
   std::vector<unsigned char> q, k, v;
 };
 
+// A block's read split in two (see h5::File::ChunkedRead): DumpReader::plan_stored_into looks up the
+// chunks on the calling thread, then the tasks (one per stored chunk) decode them into the block on
+// any threads, in any order, e.g. among the workers of the previous block's computation.
+class StoredBlockRead {
+ public:
+  int tasks() const { return total_; }
+  void run(int task, h5::File::ChunkScratch& scratch) const;
+
+ private:
+  friend class DumpReader;
+  std::vector<h5::File::ChunkedRead> parts_;  // Q, K, V (those read)
+  int total_ = 0;
+};
+
 // Rows [first, first + count) of head `head` of a stored [tokens, heads, d] tensor, as float64 into
 // out [count, d]. Returns the first of these rows that holds a non-finite value, or -1.
 int64_t stored_rows_to_double(const std::vector<unsigned char>& tensor, StorageType dtype, int heads, int head, int d,
@@ -74,7 +90,11 @@ class DumpReader {
   // with the stored chunks decoded (inflated, converted) on `threads` threads.
   void read_layer_into(LayerActivations& out, int layer, int64_t first, int64_t count, bool with_queries,
                        int threads) const;
-  // The same token range as stored (see StoredActivations; with_queries = false leaves q empty).
+  // The same token range as stored (see StoredActivations; with_queries = false leaves q empty): the
+  // read planned here, its chunks decoded by the returned tasks, which write into `out` (keep it
+  // unchanged until they are done). read_stored_into plans and runs them on `threads` threads.
+  StoredBlockRead plan_stored_into(StoredActivations& out, int layer, int64_t first, int64_t count,
+                                   bool with_queries) const;
   void read_stored_into(StoredActivations& out, int layer, int64_t first, int64_t count, bool with_queries,
                         int threads) const;
   // Rows per HDF5 chunk along T of this layer's K (the natural streaming granularity).
