@@ -38,12 +38,12 @@ struct BlockRead {
 };
 
 // The blocks of the whole run, read in the order the accumulation uses them (layer by layer, pass by
-// pass), each one while the previous one is computed on: the computation and the next block's chunk
-// decoding are one job on the thread pool (computation items first, the short decode tasks after
-// them, claimed one at a time), so the cores are neither oversubscribed nor idle at the end of a
-// block, also across passes and layers. HDF5 is only used by the calling thread (to plan a read).
-// Two buffers take turns (the block computed on and the one being filled), so after the first blocks
-// no read allocates or touches fresh pages.
+// pass), each one while the previous one is computed on: the computation, the planning of the next
+// read (HDF5 metadata) and its chunks' decoding are one job on the thread pool, claimed one item at a
+// time (the plan first, the computation items, then the short decode tasks), so the cores are neither
+// oversubscribed nor idle at the end of a block, also across passes and layers. Two buffers take
+// turns (the block computed on and the one being filled), so after the first blocks no read
+// allocates or touches fresh pages.
 class BlockPipeline {
  public:
   BlockPipeline(std::vector<BlockRead> reads, int threads) : reads_(std::move(reads)), threads_(threads) {
@@ -54,18 +54,37 @@ class BlockPipeline {
   // Runs compute(item, worker) for item in [0, items) on the current block while the next block is
   // read, then makes that block current.
   void step(int items, const std::function<void(int, int)>& compute) {
+    const BlockRead* next = index_ < reads_.size() ? &reads_[index_] : nullptr;
+    // Decode items: an upper bound of the plan's tasks (the surplus ones do nothing).
+    const int decodes = next ? next->reader->stored_read_tasks(next->layer, next->first, next->count,
+                                                               next->with_queries)
+                             : 0;
     StoredBlockRead plan;
-    if (index_ < reads_.size()) {
-      const BlockRead& r = reads_[index_];
-      plan = r.reader->plan_stored_into(spare_, r.layer, r.first, r.count, r.with_queries);
-    }
-    scratch_.resize(std::max<size_t>(scratch_.size(), parallel_workers(items + plan.tasks(), threads_)));
-    parallel_for_dynamic(items + plan.tasks(), threads_, [&](int i, int worker) {
-      if (i < items)
-        compute(i, worker);
-      else
-        plan.run(i - items, scratch_[worker]);
+    bool planned = !next;  // guarded by mutex_
+    std::exception_ptr plan_error;
+    scratch_.resize(std::max<size_t>(scratch_.size(), parallel_workers(1 + items + decodes, threads_)));
+    parallel_for_dynamic(1 + items + decodes, threads_, [&](int i, int worker) {
+      if (i == 0) {  // the plan: the only use of HDF5 while the job runs
+        if (!next) return;
+        try {
+          plan = next->reader->plan_stored_into(spare_, next->layer, next->first, next->count, next->with_queries);
+        } catch (...) {
+          plan_error = std::current_exception();
+        }
+        std::lock_guard<std::mutex> lock(mutex_);
+        planned = true;
+        ready_.notify_all();
+      } else if (i <= items) {
+        compute(i - 1, worker);
+      } else {
+        {
+          std::unique_lock<std::mutex> lock(mutex_);
+          ready_.wait(lock, [&] { return planned; });
+        }
+        if (!plan_error && i - 1 - items < plan.tasks()) plan.run(i - 1 - items, scratch_[worker]);
+      }
     });
+    if (plan_error) std::rethrow_exception(plan_error);
     std::swap(block_, spare_);
     ++index_;
   }
@@ -76,6 +95,8 @@ class BlockPipeline {
   int threads_;
   StoredActivations block_, spare_;
   h5::File::ChunkBuffers scratch_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
 };
 
 constexpr int64_t kSubRows = kSubBlockTokens;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -172,18 +173,30 @@ StoredBlockRead DumpReader::plan_stored_into(StoredActivations& a, int layer, in
   a.first_token = first;
   a.tokens = count;
   a.dtype = info_.dtype;
-  // resize keeps the capacity: a buffer read into again needs no new allocation.
-  a.q.resize(with_queries ? static_cast<size_t>(count) * g.num_q_heads * g.head_dim * bytes : 0);
-  a.k.resize(static_cast<size_t>(count) * g.num_kv_heads * g.head_dim * bytes);
-  a.v.resize(a.k.size());
+  a.with_queries = with_queries;
+  // Buffers only grow (growing zero-fills; a buffer read into again needs neither allocation nor that).
+  const size_t kv_bytes = static_cast<size_t>(count) * g.num_kv_heads * g.head_dim * bytes;
+  const std::tuple<const char*, std::vector<unsigned char>*, size_t> parts[] = {
+      {"q", &a.q, with_queries ? kv_bytes * g.group_size() : 0}, {"k", &a.k, kv_bytes}, {"v", &a.v, kv_bytes}};
   StoredBlockRead plan;
-  const std::pair<const char*, std::vector<unsigned char>*> parts[] = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}};
-  for (auto [name, data] : parts)
-    if (!data->empty()) {
+  for (auto [name, data, size] : parts)
+    if (size > 0) {
+      if (data->size() < size) data->resize(size);
       plan.parts_.push_back(impl_->file.plan_stored_rows(layer_path(layer, name), first, count, data->data()));
       plan.total_ += plan.parts_.back().chunks();
     }
   return plan;
+}
+
+int DumpReader::stored_read_tasks(int layer, int64_t first, int64_t count, bool with_queries) const {
+  if (count <= 0) return 0;
+  int tasks = 0;
+  for (const char* name : {"q", "k", "v"}) {
+    if (name[0] == 'q' && !with_queries) continue;
+    const int64_t rows = std::max<int64_t>(1, impl_->file.chunk_rows(layer_path(layer, name)));
+    tasks += static_cast<int>((first + count - 1) / rows - first / rows + 1);
+  }
+  return tasks;
 }
 
 void StoredBlockRead::run(int task, h5::File::ChunkScratch& scratch) const {

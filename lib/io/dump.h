@@ -47,13 +47,15 @@ struct LayerActivations {
   std::vector<float> v;  // [tokens, Hkv, d]
 };
 
-// One layer's activations (a token range of it) as the dump stores them: the bytes of Q [tokens, Hq, d],
-// K and V [tokens, Hkv, d] in `dtype` (2 or 4 bytes per value), neither converted nor checked. The
-// accumulation streams these and widens one head's rows at a time with stored_rows_to_double: a block
-// costs its stored size in memory and no float32 pass.
+// One layer's activations (a token range of it) as the dump stores them: the bytes of Q [tokens, Hq, d]
+// (when with_queries), K and V [tokens, Hkv, d] in `dtype` (2 or 4 bytes per value), neither converted
+// nor checked; the buffers may be longer than that (they only grow, so that streaming blocks through
+// them never zero-fills). The accumulation streams these and widens one head's rows at a time with
+// stored_rows_to_double: a block costs its stored size in memory and no float32 pass.
 struct StoredActivations {
   int layer = 0;
   int64_t first_token = 0, tokens = 0;
+  bool with_queries = false;
   StorageType dtype = StorageType::float32;
   std::vector<unsigned char> q, k, v;
 };
@@ -97,6 +99,8 @@ class DumpReader {
                                    bool with_queries) const;
   void read_stored_into(StoredActivations& out, int layer, int64_t first, int64_t count, bool with_queries,
                         int threads) const;
+  // An upper bound of plan_stored_into(...).tasks(), from the chunk sizes alone (cheaper than a plan).
+  int stored_read_tasks(int layer, int64_t first, int64_t count, bool with_queries) const;
   // Rows per HDF5 chunk along T of this layer's K (the natural streaming granularity).
   int64_t chunk_tokens(int layer) const;
 
