@@ -4,7 +4,8 @@
 #include "covariance/accumulate.h"
 
 #include <algorithm>
-#include <future>
+#include <exception>
+#include <functional>
 #include <cmath>
 #include <memory>
 #include <thread>
@@ -38,65 +39,59 @@ struct BlockRead {
 };
 
 // The blocks of the whole run, read in the order the accumulation uses them (layer by layer, pass by
-// pass), each one while the previous one is computed on: the computation, the planning of the next
-// read (HDF5 metadata) and its chunks' decoding are one job on the thread pool, claimed one item at a
-// time (the plan first, the computation items, then the short decode tasks), so the cores are neither
-// oversubscribed nor idle at the end of a block, also across passes and layers. Two buffers take
-// turns (the block computed on and the one being filled), so after the first blocks no read
-// allocates or touches fresh pages.
+// pass), each one while the previous one is computed on. The computation, the decoding of the next
+// block's chunks and the planning of the block after it (HDF5 metadata) are one job on the thread
+// pool, claimed one item at a time (the plan, the computation items, then the short decode tasks), so
+// that the cores are neither oversubscribed nor idle at the end of a block, also across passes and
+// layers, and no decode waits for a plan. Two buffers take turns (the block computed on and the one
+// being filled), so after the first blocks no read allocates or touches fresh pages.
 class BlockPipeline {
  public:
   BlockPipeline(std::vector<BlockRead> reads, int threads) : reads_(std::move(reads)), threads_(threads) {
+    if (!reads_.empty()) next_plan_ = plan(reads_[0]);
     step(0, nullptr);  // the first block, read alone
   }
   const StoredActivations& block() const { return block_; }
   const BlockRead& read() const { return reads_[index_ - 1]; }  // the current block's
   // Runs compute(item, worker) for item in [0, items) on the current block while the next block is
-  // read, then makes that block current.
+  // decoded and the one after it planned, then makes the next block current.
   void step(int items, const std::function<void(int, int)>& compute) {
-    const BlockRead* next = index_ < reads_.size() ? &reads_[index_] : nullptr;
-    // Decode items: an upper bound of the plan's tasks (the surplus ones do nothing).
-    const int decodes = next ? next->reader->stored_read_tasks(next->layer, next->first, next->count,
-                                                               next->with_queries)
-                             : 0;
-    StoredBlockRead plan;
-    bool planned = !next;  // guarded by mutex_
+    StoredBlockRead decoding = std::move(next_plan_), planned;
+    next_plan_ = StoredBlockRead();
+    if (index_ < reads_.size()) decoding.bind(spare_);  // HDF5-only datasets are read here
+    const BlockRead* after = index_ + 1 < reads_.size() ? &reads_[index_ + 1] : nullptr;
     std::exception_ptr plan_error;
+    const int decodes = decoding.tasks();
     scratch_.resize(std::max<size_t>(scratch_.size(), parallel_workers(1 + items + decodes, threads_)));
     parallel_for_dynamic(1 + items + decodes, threads_, [&](int i, int worker) {
-      if (i == 0) {  // the plan: the only use of HDF5 while the job runs
-        if (!next) return;
+      if (i == 0) {  // the only use of HDF5 while the job runs
         try {
-          plan = next->reader->plan_stored_into(spare_, next->layer, next->first, next->count, next->with_queries);
+          if (after) planned = plan(*after);
         } catch (...) {
           plan_error = std::current_exception();
         }
-        std::lock_guard<std::mutex> lock(mutex_);
-        planned = true;
-        ready_.notify_all();
       } else if (i <= items) {
         compute(i - 1, worker);
       } else {
-        {
-          std::unique_lock<std::mutex> lock(mutex_);
-          ready_.wait(lock, [&] { return planned; });
-        }
-        if (!plan_error && i - 1 - items < plan.tasks()) plan.run(i - 1 - items, scratch_[worker]);
+        decoding.run(i - 1 - items, scratch_[worker]);
       }
     });
     if (plan_error) std::rethrow_exception(plan_error);
+    next_plan_ = std::move(planned);
     std::swap(block_, spare_);
     ++index_;
   }
 
  private:
+  static StoredBlockRead plan(const BlockRead& r) {
+    return r.reader->plan_stored(r.layer, r.first, r.count, r.with_queries);
+  }
   std::vector<BlockRead> reads_;
-  size_t index_ = 0;  // reads started
+  size_t index_ = 0;  // blocks decoded
   int threads_;
   StoredActivations block_, spare_;
+  StoredBlockRead next_plan_;  // of reads_[index_]
   h5::File::ChunkBuffers scratch_;
-  std::mutex mutex_;
-  std::condition_variable ready_;
 };
 
 constexpr int64_t kSubRows = kSubBlockTokens;

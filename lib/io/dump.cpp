@@ -161,58 +161,68 @@ void DumpReader::read_layer_into(LayerActivations& a, int layer, int64_t first, 
   }
 }
 
-StoredBlockRead DumpReader::plan_stored_into(StoredActivations& a, int layer, int64_t first, int64_t count,
-                                             bool with_queries) const {
+StoredBlockRead DumpReader::plan_stored(int layer, int64_t first, int64_t count, bool with_queries) const {
   OSCAR_CHECK(std::find(info_.layers.begin(), info_.layers.end(), layer) != info_.layers.end(),
               "{}: layer {} is not in this dump (layers present: {})", path_, layer, fmt::join(info_.layers, ","));
   OSCAR_CHECK(first >= 0 && count >= 0 && first + count <= info_.tokens,
               "{}: token range [{}, {}) outside the dump's {} tokens", path_, first, first + count, info_.tokens);
-  const ModelGeometry& g = info_.geometry;
-  const size_t bytes = info_.dtype == StorageType::float32 ? 4 : 2;
-  a.layer = layer;
-  a.first_token = first;
-  a.tokens = count;
-  a.dtype = info_.dtype;
-  a.with_queries = with_queries;
-  // Buffers only grow (growing zero-fills; a buffer read into again needs neither allocation nor that).
-  const size_t kv_bytes = static_cast<size_t>(count) * g.num_kv_heads * g.head_dim * bytes;
-  const std::tuple<const char*, std::vector<unsigned char>*, size_t> parts[] = {
-      {"q", &a.q, with_queries ? kv_bytes * g.group_size() : 0}, {"k", &a.k, kv_bytes}, {"v", &a.v, kv_bytes}};
   StoredBlockRead plan;
-  for (auto [name, data, size] : parts)
-    if (size > 0) {
-      if (data->size() < size) data->resize(size);
-      plan.parts_.push_back(impl_->file.plan_stored_rows(layer_path(layer, name), first, count, data->data()));
-      plan.total_ += plan.parts_.back().chunks();
-    }
+  plan.reader_ = this;
+  plan.file_ = &impl_->file;
+  plan.layer_ = layer;
+  plan.first_ = first;
+  plan.count_ = count;
+  plan.with_queries_ = with_queries;
+  for (const char* name : {"q", "k", "v"}) {
+    if (name[0] == 'q' && !with_queries) continue;
+    StoredBlockRead::Part part{layer_path(layer, name), std::nullopt};
+    if (count > 0) part.chunks = impl_->file.plan_stored_rows(part.dataset, first, count);
+    plan.total_ += part.chunks ? part.chunks->chunks() : 0;
+    plan.parts_.push_back(std::move(part));
+  }
   return plan;
 }
 
-int DumpReader::stored_read_tasks(int layer, int64_t first, int64_t count, bool with_queries) const {
-  if (count <= 0) return 0;
-  int tasks = 0;
-  for (const char* name : {"q", "k", "v"}) {
-    if (name[0] == 'q' && !with_queries) continue;
-    const int64_t rows = std::max<int64_t>(1, impl_->file.chunk_rows(layer_path(layer, name)));
-    tasks += static_cast<int>((first + count - 1) / rows - first / rows + 1);
+void StoredBlockRead::bind(StoredActivations& a) {
+  OSCAR_CHECK(reader_, "StoredBlockRead: no plan to bind");
+  const DumpInfo& info = reader_->info();
+  const ModelGeometry& g = info.geometry;
+  const size_t bytes = info.dtype == StorageType::float32 ? 4 : 2;
+  a.layer = layer_;
+  a.first_token = first_;
+  a.tokens = count_;
+  a.with_queries = with_queries_;
+  a.dtype = info.dtype;
+  const size_t kv_bytes = static_cast<size_t>(count_) * g.num_kv_heads * g.head_dim * bytes;
+  for (Part& part : parts_) {
+    const char name = part.dataset.back();
+    std::vector<unsigned char>& data = name == 'q' ? a.q : name == 'k' ? a.k : a.v;
+    const size_t size = name == 'q' ? kv_bytes * g.group_size() : kv_bytes;
+    // Buffers only grow (growing zero-fills; a buffer read into again needs neither allocation nor that).
+    if (data.size() < size) data.resize(size);
+    if (part.chunks)
+      part.chunks->set_output(data.data());
+    else
+      file_->read_stored_rows(part.dataset, first_, count_, data.data());
   }
-  return tasks;
 }
 
 void StoredBlockRead::run(int task, h5::File::ChunkScratch& scratch) const {
-  for (const auto& part : parts_) {
-    if (task < part.chunks()) {
-      part.decode(task, scratch);
+  for (const Part& part : parts_) {
+    const int chunks = part.chunks ? part.chunks->chunks() : 0;
+    if (task < chunks) {
+      part.chunks->decode(task, scratch);
       return;
     }
-    task -= part.chunks();
+    task -= chunks;
   }
   fail("StoredBlockRead: task {} out of range", task);
 }
 
 void DumpReader::read_stored_into(StoredActivations& a, int layer, int64_t first, int64_t count, bool with_queries,
                                   int threads) const {
-  const StoredBlockRead plan = plan_stored_into(a, layer, first, count, with_queries);
+  StoredBlockRead plan = plan_stored(layer, first, count, with_queries);
+  plan.bind(a);
   impl_->buffers.resize(std::max<size_t>(impl_->buffers.size(), parallel_workers(plan.tasks(), threads)));
   parallel_for_dynamic(plan.tasks(), threads, [&](int t, int worker) { plan.run(t, impl_->buffers[worker]); });
 }

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,17 +61,31 @@ struct StoredActivations {
   std::vector<unsigned char> q, k, v;
 };
 
-// A block's read split in two (see h5::File::ChunkedRead): DumpReader::plan_stored_into looks up the
-// chunks on the calling thread, then the tasks (one per stored chunk) decode them into the block on
-// any threads, in any order, e.g. among the workers of the previous block's computation.
+class DumpReader;
+
+// A block's read split in two (see h5::File::ChunkedRead): DumpReader::plan_stored looks up the chunks
+// (HDF5 metadata, on the calling thread); bind() sizes a block for it (reading through HDF5 the
+// datasets whose chunks we do not decode, also on the calling thread); then the tasks (one per stored
+// chunk) decode into that block on any threads, in any order, e.g. among the workers of another
+// block's computation. The block must stay in place until they are done.
 class StoredBlockRead {
  public:
+  void bind(StoredActivations& block);
   int tasks() const { return total_; }
   void run(int task, h5::File::ChunkScratch& scratch) const;
 
  private:
   friend class DumpReader;
-  std::vector<h5::File::ChunkedRead> parts_;  // Q, K, V (those read)
+  struct Part {
+    std::string dataset;
+    std::optional<h5::File::ChunkedRead> chunks;  // nullopt: read through HDF5 by bind()
+  };
+  const DumpReader* reader_ = nullptr;
+  const h5::File* file_ = nullptr;
+  int layer_ = 0;
+  int64_t first_ = 0, count_ = 0;
+  bool with_queries_ = false;
+  std::vector<Part> parts_;  // Q (when read), K, V
   int total_ = 0;
 };
 
@@ -92,15 +107,12 @@ class DumpReader {
   // with the stored chunks decoded (inflated, converted) on `threads` threads.
   void read_layer_into(LayerActivations& out, int layer, int64_t first, int64_t count, bool with_queries,
                        int threads) const;
-  // The same token range as stored (see StoredActivations; with_queries = false leaves q empty): the
-  // read planned here, its chunks decoded by the returned tasks, which write into `out` (keep it
-  // unchanged until they are done). read_stored_into plans and runs them on `threads` threads.
-  StoredBlockRead plan_stored_into(StoredActivations& out, int layer, int64_t first, int64_t count,
-                                   bool with_queries) const;
+  // The same token range as stored (see StoredActivations; with_queries = false reads no queries):
+  // plan_stored splits the read (see StoredBlockRead); read_stored_into plans it, binds `out` and runs
+  // the decoding on `threads` threads.
+  StoredBlockRead plan_stored(int layer, int64_t first, int64_t count, bool with_queries) const;
   void read_stored_into(StoredActivations& out, int layer, int64_t first, int64_t count, bool with_queries,
                         int threads) const;
-  // An upper bound of plan_stored_into(...).tasks(), from the chunk sizes alone (cheaper than a plan).
-  int stored_read_tasks(int layer, int64_t first, int64_t count, bool with_queries) const;
   // Rows per HDF5 chunk along T of this layer's K (the natural streaming granularity).
   int64_t chunk_tokens(int layer) const;
 

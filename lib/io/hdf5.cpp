@@ -476,11 +476,9 @@ bool File::read_rows_parallel(const std::string& dataset, int64_t first, int64_t
   return std::all_of(finite.begin(), finite.end(), [](char f) { return f != 0; });
 }
 
-File::ChunkedRead File::plan_stored_rows(const std::string& dataset, int64_t first, int64_t count, void* out) const {
-  std::optional<ChunkedRead> plan = count > 0 ? plan_rows(dataset, first, count, out, false) : std::nullopt;
-  if (plan) return std::move(*plan);
-  read_stored_rows(dataset, first, count, out);
-  return ChunkedRead();
+std::optional<File::ChunkedRead> File::plan_stored_rows(const std::string& dataset, int64_t first,
+                                                        int64_t count) const {
+  return plan_rows(dataset, first, count, nullptr, false);
 }
 
 // Rows as stored, through HDF5 (memory type = the stored element type).

@@ -92,14 +92,16 @@ class File {
   bool read_rows_parallel(const std::string& dataset, int64_t first, int64_t count, float* out, int threads,
                           ChunkBuffers& buffers) const;
   // A read of rows split in two so that its chunks can be decoded among other work:
-  // plan_stored_rows looks up where the chunks lie (HDF5 metadata, on the calling thread), then
-  // decode(c, scratch) reads chunk c with pread and inflates and unshuffles it into place, on any
-  // thread and in any order. The rows land as stored (element_bytes(element(dataset)) bytes per value,
-  // neither converted nor checked: the caller converts and checks them). Datasets whose chunks we do
-  // not decode ourselves are read through HDF5 by plan_stored_rows itself (the plan has no chunks).
+  // plan_stored_rows looks up where the chunks lie (HDF5 metadata, on the calling thread); once
+  // given its output (set_output), decode(c, scratch) reads chunk c with pread and inflates and
+  // unshuffles it into place, on any thread and in any order. The rows land as stored
+  // (element_bytes(element(dataset)) bytes per value, neither converted nor checked: the caller
+  // converts and checks them). No plan (nullopt) for datasets whose chunks we do not decode
+  // ourselves: read_stored_rows reads those through HDF5.
   class ChunkedRead {
    public:
     int chunks() const { return static_cast<int>(address_.size()); }
+    void set_output(void* out) { out_ = out; }
     // Decodes chunk c; float32 output (read_rows_parallel) returns whether its values are finite.
     bool decode(int c, ChunkScratch& scratch) const;
 
@@ -116,7 +118,8 @@ class File {
     int64_t first_ = 0, count_ = 0, first_chunk_ = 0;
     void* out_ = nullptr;
   };
-  ChunkedRead plan_stored_rows(const std::string& dataset, int64_t first, int64_t count, void* out) const;
+  std::optional<ChunkedRead> plan_stored_rows(const std::string& dataset, int64_t first, int64_t count) const;
+  void read_stored_rows(const std::string& dataset, int64_t first, int64_t count, void* out) const;
   bool decodes_chunks(const std::string& dataset) const;  // whether read_rows_parallel decodes them itself
   // Rows written from float32, converted to the dataset's element type (fp16/bf16 round to nearest even).
   void write_rows(const std::string& dataset, int64_t first, int64_t count, const float* data);
@@ -140,7 +143,6 @@ class File {
   // HDF5 must read the dataset (its layout, filters or file driver are not ours to decode).
   std::optional<ChunkedRead> plan_rows(const std::string& dataset, int64_t first, int64_t count, void* out,
                                        bool convert) const;
-  void read_stored_rows(const std::string& dataset, int64_t first, int64_t count, void* out) const;
   void write_whole(const std::string& dataset, const std::vector<int64_t>& shape, hid_t file_type, hid_t memory_type,
                    const void* data);
 };
