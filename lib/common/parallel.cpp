@@ -15,13 +15,15 @@ namespace oscar {
 
 namespace {
 
-// One parallel_for call: `workers` tasks, task t running items t, t + workers, ... in order. Tasks are
+// One parallel_for call: `workers` tasks, task t running items t, t + workers, ... in order (dynamic:
+// task t claiming items one at a time from a shared counter, as worker t). Tasks are
 // claimed from a counter by the pool's threads and by the calling thread, which therefore always
 // makes progress on its own (no deadlock when pool threads are busy or a task calls parallel_for).
 struct Job {
   int n = 0, workers = 0;
-  const std::function<void(int)>* fn = nullptr;
-  std::atomic<int> next_task{0};
+  const std::function<void(int)>* fn = nullptr;                // static split
+  const std::function<void(int, int)>* dynamic_fn = nullptr;   // items claimed one at a time
+  std::atomic<int> next_task{0}, next_item{0};
   int finished = 0;  // guarded by mutex
   std::mutex mutex;
   std::condition_variable done;
@@ -31,7 +33,10 @@ struct Job {
   void work() {
     for (int t; (t = next_task.fetch_add(1)) < workers;) {
       try {
-        for (int i = t; i < n; i += workers) (*fn)(i);
+        if (dynamic_fn)
+          for (int i; (i = next_item.fetch_add(1)) < n;) (*dynamic_fn)(i, t);
+        else
+          for (int i = t; i < n; i += workers) (*fn)(i);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex);
         if (!error) error = std::current_exception();
@@ -87,22 +92,30 @@ class Pool {
 
 int parallel_workers(int n, int threads) { return std::max(1, std::min(threads, n)); }
 
-void parallel_for(int n, int threads, const std::function<void(int)>& fn) {
+static void run_job(int n, int threads, const std::function<void(int)>* fn,
+                    const std::function<void(int, int)>* dynamic_fn) {
   const int workers = parallel_workers(n, threads);
   if (n <= 0) return;
   if (workers == 1) {
-    for (int i = 0; i < n; ++i) fn(i);
+    for (int i = 0; i < n; ++i) fn ? (*fn)(i) : (*dynamic_fn)(i, 0);
     return;
   }
   auto job = std::make_shared<Job>();
   job->n = n;
   job->workers = workers;
-  job->fn = &fn;
+  job->fn = fn;
+  job->dynamic_fn = dynamic_fn;
   Pool::instance().submit(job, std::min(workers - 1, Pool::instance().size()));
   job->work();
   std::unique_lock<std::mutex> lock(job->mutex);
   job->done.wait(lock, [&] { return job->finished == job->workers; });
   if (job->error) std::rethrow_exception(job->error);
+}
+
+void parallel_for(int n, int threads, const std::function<void(int)>& fn) { run_job(n, threads, &fn, nullptr); }
+
+void parallel_for_dynamic(int n, int threads, const std::function<void(int, int)>& fn) {
+  run_job(n, threads, nullptr, &fn);
 }
 
 }  // namespace oscar

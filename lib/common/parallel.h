@@ -13,5 +13,9 @@ namespace oscar {
 // after all finish.
 void parallel_for(int n, int threads, const std::function<void(int)>& fn);
 int parallel_workers(int n, int threads);
+// Runs fn(i, worker) for i in [0, n) on the same pool, items claimed one at a time in increasing
+// order by parallel_workers(n, threads) workers (worker in [0, workers): one thread each, so
+// per-worker scratch buffers need no locking). For items of unequal cost: put the longest first.
+void parallel_for_dynamic(int n, int threads, const std::function<void(int, int)>& fn);
 
 }  // namespace oscar

@@ -4,7 +4,8 @@
 #include "covariance/accumulate.h"
 
 #include <algorithm>
-#include <future>
+#include <exception>
+#include <functional>
 #include <cmath>
 #include <memory>
 #include <thread>
@@ -29,62 +30,76 @@ void symmetrise_upper(double* matrix, int d) {
 
 namespace {
 
-// Reads the blocks of one layer of one dump in order, the next block in flight on a background
-// thread while the caller computes on the current one (HDF5 is only ever used by that one thread).
-// The reader decodes the stored chunks on `threads` threads (they share the cores with the workers
-// computing on the current block). Two buffers take turns (the caller's block and the spare being
-// filled), so after the first blocks no read allocates or touches fresh pages.
-class BlockStream {
+// One block the accumulation reads: tokens [first, first + count) of a layer of a dump.
+struct BlockRead {
+  const DumpReader* reader;
+  int layer;
+  int64_t first, count;
+  bool with_queries;
+};
+
+// The blocks of the whole run, read in the order the accumulation uses them (layer by layer, pass by
+// pass), each one while the previous one is computed on. The computation, the decoding of the next
+// block's chunks and the planning of the block after it (HDF5 metadata) are one job on the thread
+// pool, claimed one item at a time (the plan, the computation items, then the short decode tasks), so
+// that the cores are neither oversubscribed nor idle at the end of a block, also across passes and
+// layers, and no decode waits for a plan. Two buffers take turns (the block computed on and the one
+// being filled), so after the first blocks no read allocates or touches fresh pages.
+class BlockPipeline {
  public:
-  BlockStream(const DumpReader& reader, int layer, int64_t block_tokens, bool with_queries, int threads,
-              LayerActivations& spare)
-      : reader_(reader), layer_(layer), block_(block_tokens), with_queries_(with_queries), threads_(threads),
-        spare_(spare) {
-    launch();
+  BlockPipeline(std::vector<BlockRead> reads, int threads) : reads_(std::move(reads)), threads_(threads) {
+    if (!reads_.empty()) next_plan_ = plan(reads_[0]);
+    step(0, nullptr);  // the first block, read alone
   }
-  ~BlockStream() {
-    if (next_.valid()) next_.wait();
-  }
-  // Swaps the next block into `block`; false when the layer is exhausted.
-  bool next(LayerActivations& block) {
-    if (!next_.valid()) return false;
-    next_.get();  // rethrows a read error
-    std::swap(block, spare_);
-    launch();
-    return true;
+  const StoredActivations& block() const { return block_; }
+  const BlockRead& read() const { return reads_[index_ - 1]; }  // the current block's
+  // Runs compute(item, worker) for item in [0, items) on the current block while the next block is
+  // decoded and the one after it planned, then makes the next block current.
+  void step(int items, const std::function<void(int, int)>& compute) {
+    StoredBlockRead decoding = std::move(next_plan_), planned;
+    next_plan_ = StoredBlockRead();
+    if (index_ < reads_.size()) decoding.bind(spare_);  // HDF5-only datasets are read here
+    const BlockRead* after = index_ + 1 < reads_.size() ? &reads_[index_ + 1] : nullptr;
+    std::exception_ptr plan_error;
+    const int decodes = decoding.tasks();
+    scratch_.resize(std::max<size_t>(scratch_.size(), parallel_workers(1 + items + decodes, threads_)));
+    parallel_for_dynamic(1 + items + decodes, threads_, [&](int i, int worker) {
+      if (i == 0) {  // the only use of HDF5 while the job runs
+        try {
+          if (after) planned = plan(*after);
+        } catch (...) {
+          plan_error = std::current_exception();
+        }
+      } else if (i <= items) {
+        compute(i - 1, worker);
+      } else {
+        decoding.run(i - 1 - items, scratch_[worker]);
+      }
+    });
+    if (plan_error) std::rethrow_exception(plan_error);
+    next_plan_ = std::move(planned);
+    std::swap(block_, spare_);
+    ++index_;
   }
 
  private:
-  void launch() {
-    if (first_ >= reader_.info().tokens) return;
-    const int64_t first = first_, n = std::min(block_, reader_.info().tokens - first_);
-    first_ += n;
-    next_ = std::async(std::launch::async,
-                       [this, first, n] { reader_.read_layer_into(spare_, layer_, first, n, with_queries_, threads_); });
+  static StoredBlockRead plan(const BlockRead& r) {
+    return r.reader->plan_stored(r.layer, r.first, r.count, r.with_queries);
   }
-  const DumpReader& reader_;
-  int layer_;
-  int64_t block_, first_ = 0;
-  bool with_queries_;
+  std::vector<BlockRead> reads_;
+  size_t index_ = 0;  // blocks decoded
   int threads_;
-  LayerActivations& spare_;
-  std::future<void> next_;
+  StoredActivations block_, spare_;
+  StoredBlockRead next_plan_;  // of reads_[index_]
+  h5::File::ChunkBuffers scratch_;
 };
 
-// Rows [first, first + count) of head `head` out of a [T, heads, d] block, as float64.
-void gather_head(const std::vector<float>& block, int heads, int head, int d, int64_t first, int64_t count,
-                 std::vector<double>& out) {
-  out.resize(static_cast<size_t>(count) * d);
-  for (int64_t t = 0; t < count; ++t) {
-    const float* src = block.data() + (static_cast<size_t>(first + t) * heads + head) * d;
-    std::copy(src, src + d, out.data() + static_cast<size_t>(t) * d);
-  }
-}
+constexpr int64_t kSubRows = kSubBlockTokens;
 
 }  // namespace
 
 int64_t block_tokens_for(int64_t requested, int threads) {
-  if (requested > 0) return requested;
+  if (requested > 0) return (requested + kSubRows - 1) / kSubRows * kSubRows;
   return std::clamp<int64_t>(2048 * (threads / 4), 2048, 8192);
 }
 
@@ -136,42 +151,66 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
   const double passes = options.score_queries > 0 ? 3.0 : 2.0;
   Progress progress("accumulate", passes * stats.tokens * layers.size(), "tokens", options.quiet);
 
-  // Work items of equal size (one head's rows of a block), many more than KV heads so that every
-  // core has work: pass 1 has one item per query head (into its own partial C_Q sum), per K head and
-  // per V head; pass 2 one per KV head and token quarter of the block (into partial proxy sums).
-  // Partial sums are added up in a fixed order at the end of the layer: the result does not depend on
-  // the thread count.
+  // Work items of equal size, many more than KV heads so that every core has work: pass 1 has one
+  // item per query head (into its own partial C_Q sum), per K head and per V head; pass 2 one per KV
+  // head and sub-block residue modulo kProxyParts (into partial proxy sums). Every item adds its
+  // sub-blocks in token order and the partial sums are added up in a fixed order at the end of the
+  // layer: the result does not depend on the thread count or the block size.
   constexpr int kProxyParts = 4;
   const int items1 = hq + 2 * hkv, items2 = hkv * kProxyParts;
-  const int workers1 = parallel_workers(items1, threads), workers2 = parallel_workers(items2, threads);
-  // Buffers reused for the whole run: the two blocks of the stream, float64 rows per worker
-  // (parallel_for runs item i on worker i % workers), the partial sums.
-  LayerActivations block, spare;
+  // Buffers reused for the whole run: float64 sub-block rows per worker, the partial sums.
   struct Scratch {
     std::vector<double> rows, keys, weighted_keys;
   };
-  std::vector<Scratch> scratch(std::max(workers1, workers2));
+  std::vector<Scratch> scratch(threads);
+  for (Scratch& s : scratch) {
+    s.rows.resize(kSubRows * d);
+    s.keys.resize(kSubRows * d);
+    s.weighted_keys.resize(kSubRows * d);
+  }
   std::vector<double> query_partial(hq * dd), proxy_partial(items2 * dd), proxy_weight(items2);
+
+  // Every block of the run, in the order the loops below use them.
+  std::vector<BlockRead> reads;
+  for (int layer : layers)
+    for (bool with_queries : {true, false})
+      for (const auto& r : readers)
+        for (int64_t first = 0; first < r->info().tokens; first += block_tokens)
+          reads.push_back({r.get(), layer, first, std::min(block_tokens, r->info().tokens - first), with_queries});
+  BlockPipeline pipeline(std::move(reads), threads);
+  const StoredActivations& block = pipeline.block();
+  // Widens rows [first, first + count) of one head of the block; a non-finite value is an error
+  // naming the dump, the dataset, the token and the head.
+  const DumpReader* reader = nullptr;
+  auto widen = [&](const char* name, int heads, int head, int64_t first, int64_t count, double* out) {
+    const std::vector<unsigned char>& tensor = name[0] == 'q' ? block.q : name[0] == 'k' ? block.k : block.v;
+    const int64_t bad = stored_rows_to_double(tensor, block.dtype, heads, head, d, first, count, out);
+    if (bad >= 0)
+      fail("{}: /layers/{}/{} holds a non-finite value at token {} (head {})", reader->path(), block.layer, name,
+           block.first_token + bad, head);
+  };
 
   for (int layer : layers) {
     LayerStatistics& ls = *const_cast<LayerStatistics*>(stats.find_layer(layer));
     // Pass 1: C_Q, K^T K, V^T V.
     std::fill(query_partial.begin(), query_partial.end(), 0.0);
     for (const auto& r : readers) {
-      BlockStream stream(*r, layer, block_tokens, true, threads, spare);
-      while (stream.next(block)) {
+      for (int64_t done = 0; done < r->info().tokens;) {
+        reader = pipeline.read().reader;
+        OSCAR_CHECK(block.layer == layer && reader == r.get() && pipeline.read().with_queries, "blocks out of order");
         const int64_t n = block.tokens;
-        parallel_for(items1, threads, [&](int i) {
-          std::vector<double>& rows = scratch[i % workers1].rows;
-          if (i < hq) {
-            gather_head(block.q, hq, i, d, 0, n, rows);
-            add_gram(rows.data(), n, d, query_partial.data() + i * dd);
-          } else if (i < hq + hkv) {
-            gather_head(block.k, hkv, i - hq, d, 0, n, rows);
-            add_gram(rows.data(), n, d, ls.of(Target::key_gram).sum.data() + (i - hq) * dd);
-          } else {
-            gather_head(block.v, hkv, i - hq - hkv, d, 0, n, rows);
-            add_gram(rows.data(), n, d, ls.of(Target::value_gram).sum.data() + (i - hq - hkv) * dd);
+        done += n;
+        pipeline.step(items1, [&](int i, int worker) {
+          Scratch& s = scratch[worker];
+          const char* name = i < hq ? "q" : i < hq + hkv ? "k" : "v";
+          const int heads = i < hq ? hq : hkv, head = i < hq ? i : i < hq + hkv ? i - hq : i - hq - hkv;
+          double* sum = i < hq            ? query_partial.data() + i * dd
+                        : i < hq + hkv    ? ls.of(Target::key_gram).sum.data() + head * dd
+                                          : ls.of(Target::value_gram).sum.data() + head * dd;
+          for (int64_t first = 0; first < n; first += kSubRows) {
+            const int64_t rows = std::min(kSubRows, n - first);
+            widen(name, heads, head, first, rows, s.rows.data());
+            add_gram(s.rows.data(), rows, d, sum);
           }
         });
         for (int h = 0; h < hkv; ++h) {
@@ -209,35 +248,40 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
     std::fill(proxy_partial.begin(), proxy_partial.end(), 0.0);
     std::fill(proxy_weight.begin(), proxy_weight.end(), 0.0);
     for (const auto& r : readers) {
-      BlockStream stream(*r, layer, block_tokens, false, threads, spare);
-      while (stream.next(block)) {
+      for (int64_t done = 0; done < r->info().tokens;) {
+        reader = pipeline.read().reader;
+        OSCAR_CHECK(block.layer == layer && reader == r.get() && !pipeline.read().with_queries, "blocks out of order");
         const int64_t n = block.tokens;
-        parallel_for(items2, threads, [&](int i) {
+        done += n;
+        const int64_t first_sub = block.first_token / kSubRows;
+        pipeline.step(items2, [&](int i, int worker) {
           const int h = i / kProxyParts, part = i % kProxyParts;
-          const int64_t begin = n * part / kProxyParts, rows = n * (part + 1) / kProxyParts - begin;
-          if (rows == 0) return;
-          Scratch& s = scratch[i % workers2];
-          gather_head(block.k, hkv, h, d, begin, rows, s.keys);
-          s.weighted_keys.resize(s.keys.size());
-          cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), d, d, 1.0, s.keys.data(), d,
-                      query_cov[h].data(), d, 0.0, s.weighted_keys.data(), d);
-          // Rows sqrt(w_t) v_t, so that their Gram matrix is the weighted sum.
-          s.rows.resize(s.keys.size());
-          double total_weight = 0;
-          for (int64_t t = 0; t < rows; ++t) {
-            const double* k = s.keys.data() + t * d;
-            const double* kc = s.weighted_keys.data() + t * d;
-            double w = 0;
-            for (int c = 0; c < d; ++c) w += kc[c] * k[c];
-            w = std::max(w, 0.0);
-            total_weight += w;
-            const double root = std::sqrt(w);
-            const float* v = block.v.data() + (static_cast<size_t>(begin + t) * hkv + h) * d;
-            double* out = s.rows.data() + t * d;
-            for (int c = 0; c < d; ++c) out[c] = root * v[c];
+          Scratch& s = scratch[worker];
+          // The block starts at a multiple of kSubRows: sub-block j of the block is the dump's
+          // sub-block first_sub + j.
+          for (int64_t j = (part - first_sub % kProxyParts + kProxyParts) % kProxyParts; j * kSubRows < n;
+               j += kProxyParts) {
+            const int64_t first = j * kSubRows, rows = std::min(kSubRows, n - first);
+            widen("k", hkv, h, first, rows, s.keys.data());
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), d, d, 1.0, s.keys.data(),
+                        d, query_cov[h].data(), d, 0.0, s.weighted_keys.data(), d);
+            // Rows sqrt(w_t) v_t, so that their Gram matrix is the weighted sum.
+            widen("v", hkv, h, first, rows, s.rows.data());
+            double total_weight = 0;
+            for (int64_t t = 0; t < rows; ++t) {
+              const double* k = s.keys.data() + t * d;
+              const double* kc = s.weighted_keys.data() + t * d;
+              double w = 0;
+              for (int c = 0; c < d; ++c) w += kc[c] * k[c];
+              w = std::max(w, 0.0);
+              total_weight += w;
+              const double root = std::sqrt(w);
+              double* v = s.rows.data() + t * d;
+              for (int c = 0; c < d; ++c) v[c] *= root;
+            }
+            add_gram(s.rows.data(), rows, d, proxy_partial.data() + i * dd);
+            proxy_weight[i] += total_weight;
           }
-          add_gram(s.rows.data(), rows, d, proxy_partial.data() + i * dd);
-          proxy_weight[i] += total_weight;
         });
         progress.advance(static_cast<double>(n));
       }

@@ -20,8 +20,15 @@ struct AccumulateOptions {
   bool quiet = false;
 };
 
-// Tokens per block: `requested` when positive, else 2048 per 4 threads, 2048 to 8192 (larger blocks
-// amortise the per-block costs over more cores; memory stays bounded by the block).
+// Rows are widened to float64 and added to the sums (one dsyrk call) in sub-blocks of this many
+// tokens, at multiples of it counted from the dump's first token: a sub-block's rows stay in the core's
+// cache between the conversion and dsyrk, and the sequence of dsyrk calls (hence the sums, bit for
+// bit) depends neither on the block size nor on the thread count.
+inline constexpr int64_t kSubBlockTokens = 512;
+
+// Tokens per block: `requested` rounded up to a multiple of kSubBlockTokens when positive, else 2048
+// per 4 threads, 2048 to 8192 (larger blocks amortise the per-block costs over more cores; memory
+// stays bounded by the block).
 int64_t block_tokens_for(int64_t requested, int threads);
 
 Statistics accumulate_statistics(const std::vector<std::string>& dumps, const AccumulateOptions& options);

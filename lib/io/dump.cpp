@@ -2,14 +2,22 @@
 #include "io/dump.h"
 
 #include <algorithm>
-#include <thread>
 #include <cmath>
+#include <cstring>
 #include <optional>
+#include <thread>
+#include <tuple>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "cli/atomic_file.h"
 #include <fmt/ranges.h>
 
 #include "common/error.h"
+#include "common/float16.h"
+#include "common/parallel.h"
 #include "io/hdf5.h"
 
 namespace oscar {
@@ -151,6 +159,136 @@ void DumpReader::read_layer_into(LayerActivations& a, int layer, int64_t first, 
                first + static_cast<int64_t>(i / per_token));
     }
   }
+}
+
+StoredBlockRead DumpReader::plan_stored(int layer, int64_t first, int64_t count, bool with_queries) const {
+  OSCAR_CHECK(std::find(info_.layers.begin(), info_.layers.end(), layer) != info_.layers.end(),
+              "{}: layer {} is not in this dump (layers present: {})", path_, layer, fmt::join(info_.layers, ","));
+  OSCAR_CHECK(first >= 0 && count >= 0 && first + count <= info_.tokens,
+              "{}: token range [{}, {}) outside the dump's {} tokens", path_, first, first + count, info_.tokens);
+  StoredBlockRead plan;
+  plan.reader_ = this;
+  plan.file_ = &impl_->file;
+  plan.layer_ = layer;
+  plan.first_ = first;
+  plan.count_ = count;
+  plan.with_queries_ = with_queries;
+  for (const char* name : {"q", "k", "v"}) {
+    if (name[0] == 'q' && !with_queries) continue;
+    StoredBlockRead::Part part{layer_path(layer, name), std::nullopt};
+    if (count > 0) part.chunks = impl_->file.plan_stored_rows(part.dataset, first, count);
+    plan.total_ += part.chunks ? part.chunks->chunks() : 0;
+    plan.parts_.push_back(std::move(part));
+  }
+  return plan;
+}
+
+void StoredBlockRead::bind(StoredActivations& a) {
+  OSCAR_CHECK(reader_, "StoredBlockRead: no plan to bind");
+  const DumpInfo& info = reader_->info();
+  const ModelGeometry& g = info.geometry;
+  const size_t bytes = info.dtype == StorageType::float32 ? 4 : 2;
+  a.layer = layer_;
+  a.first_token = first_;
+  a.tokens = count_;
+  a.with_queries = with_queries_;
+  a.dtype = info.dtype;
+  const size_t kv_bytes = static_cast<size_t>(count_) * g.num_kv_heads * g.head_dim * bytes;
+  for (Part& part : parts_) {
+    const char name = part.dataset.back();
+    std::vector<unsigned char>& data = name == 'q' ? a.q : name == 'k' ? a.k : a.v;
+    const size_t size = name == 'q' ? kv_bytes * g.group_size() : kv_bytes;
+    // Buffers only grow (growing zero-fills; a buffer read into again needs neither allocation nor that).
+    if (data.size() < size) data.resize(size);
+    if (part.chunks)
+      part.chunks->set_output(data.data());
+    else
+      file_->read_stored_rows(part.dataset, first_, count_, data.data());
+  }
+}
+
+void StoredBlockRead::run(int task, h5::File::ChunkScratch& scratch) const {
+  for (const Part& part : parts_) {
+    const int chunks = part.chunks ? part.chunks->chunks() : 0;
+    if (task < chunks) {
+      part.chunks->decode(task, scratch);
+      return;
+    }
+    task -= chunks;
+  }
+  fail("StoredBlockRead: task {} out of range", task);
+}
+
+void DumpReader::read_stored_into(StoredActivations& a, int layer, int64_t first, int64_t count, bool with_queries,
+                                  int threads) const {
+  StoredBlockRead plan = plan_stored(layer, first, count, with_queries);
+  plan.bind(a);
+  impl_->buffers.resize(std::max<size_t>(impl_->buffers.size(), parallel_workers(plan.tasks(), threads)));
+  parallel_for_dynamic(plan.tasks(), threads, [&](int t, int worker) { plan.run(t, impl_->buffers[worker]); });
+}
+
+namespace {
+
+// One row of d stored values to float64; whether all are finite.
+bool row_to_double_scalar(const unsigned char* src, StorageType dtype, int d, double* out) {
+  bool finite = true;
+  for (int c = 0; c < d; ++c) {
+    float x;
+    if (dtype == StorageType::float32) {
+      std::memcpy(&x, src + 4 * c, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * c, 2);
+      x = dtype == StorageType::float16 ? fp16_to_float(h) : bf16_to_float(h);
+    }
+    out[c] = x;
+    finite &= (x - x) == 0.0f;  // 0 for finite, NaN for Inf/NaN
+  }
+  return finite;
+}
+
+#if defined(__x86_64__)
+// float16 rows with the F16C instruction (exact, like the scalar conversion).
+__attribute__((target("f16c,avx"))) bool fp16_row_to_double(const unsigned char* src, int d, double* out) {
+  const int vectorised = d / 8 * 8;
+  __m256d ok = _mm256_setzero_pd();  // accumulates x - x: stays 0 while every value is finite
+  for (int c = 0; c < vectorised; c += 8) {
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * c)));
+    const __m256d low = _mm256_cvtps_pd(_mm256_castps256_ps128(x)), high = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    _mm256_storeu_pd(out + c, low);
+    _mm256_storeu_pd(out + c + 4, high);
+    ok = _mm256_add_pd(ok, _mm256_add_pd(_mm256_sub_pd(low, low), _mm256_sub_pd(high, high)));
+  }
+  const bool finite = _mm256_movemask_pd(_mm256_cmp_pd(ok, _mm256_setzero_pd(), _CMP_EQ_OQ)) == 0xF;
+  return row_to_double_scalar(src + 2 * vectorised, StorageType::float16, d - vectorised, out + vectorised) && finite;
+}
+#endif
+
+}  // namespace
+
+int64_t stored_rows_to_double(const std::vector<unsigned char>& tensor, StorageType dtype, int heads, int head, int d,
+                              int64_t first, int64_t count, double* out) {
+  const size_t bytes = dtype == StorageType::float32 ? 4 : 2;
+  OSCAR_CHECK(static_cast<size_t>(first + count) * heads * d * bytes <= tensor.size() && head >= 0 && head < heads,
+              "stored_rows_to_double: rows [{}, {}) of head {} outside the block", first, first + count, head);
+#if defined(__x86_64__)
+  static const bool has_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  const bool f16c = dtype == StorageType::float16 && has_f16c;
+#else
+  const bool f16c = false;
+#endif
+  int64_t bad = -1;
+  for (int64_t t = 0; t < count; ++t) {
+    const unsigned char* src = tensor.data() + (static_cast<size_t>(first + t) * heads + head) * d * bytes;
+    double* row = out + static_cast<size_t>(t) * d;
+#if defined(__x86_64__)
+    const bool finite = f16c ? fp16_row_to_double(src, d, row) : row_to_double_scalar(src, dtype, d, row);
+#else
+    const bool finite = row_to_double_scalar(src, dtype, d, row);
+#endif
+    if (!finite && bad < 0) bad = first + t;
+  }
+  return bad;
 }
 
 struct DumpWriter::Impl {

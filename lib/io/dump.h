@@ -4,8 +4,11 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "io/hdf5.h"
 
 namespace oscar {
 
@@ -45,6 +48,52 @@ struct LayerActivations {
   std::vector<float> v;  // [tokens, Hkv, d]
 };
 
+// One layer's activations (a token range of it) as the dump stores them: the bytes of Q [tokens, Hq, d]
+// (when with_queries), K and V [tokens, Hkv, d] in `dtype` (2 or 4 bytes per value), neither converted
+// nor checked; the buffers may be longer than that (they only grow, so that streaming blocks through
+// them never zero-fills). The accumulation streams these and widens one head's rows at a time with
+// stored_rows_to_double: a block costs its stored size in memory and no float32 pass.
+struct StoredActivations {
+  int layer = 0;
+  int64_t first_token = 0, tokens = 0;
+  bool with_queries = false;
+  StorageType dtype = StorageType::float32;
+  std::vector<unsigned char> q, k, v;
+};
+
+class DumpReader;
+
+// A block's read split in two (see h5::File::ChunkedRead): DumpReader::plan_stored looks up the chunks
+// (HDF5 metadata, on the calling thread); bind() sizes a block for it (reading through HDF5 the
+// datasets whose chunks we do not decode, also on the calling thread); then the tasks (one per stored
+// chunk) decode into that block on any threads, in any order, e.g. among the workers of another
+// block's computation. The block must stay in place until they are done.
+class StoredBlockRead {
+ public:
+  void bind(StoredActivations& block);
+  int tasks() const { return total_; }
+  void run(int task, h5::File::ChunkScratch& scratch) const;
+
+ private:
+  friend class DumpReader;
+  struct Part {
+    std::string dataset;
+    std::optional<h5::File::ChunkedRead> chunks;  // nullopt: read through HDF5 by bind()
+  };
+  const DumpReader* reader_ = nullptr;
+  const h5::File* file_ = nullptr;
+  int layer_ = 0;
+  int64_t first_ = 0, count_ = 0;
+  bool with_queries_ = false;
+  std::vector<Part> parts_;  // Q (when read), K, V
+  int total_ = 0;
+};
+
+// Rows [first, first + count) of head `head` of a stored [tokens, heads, d] tensor, as float64 into
+// out [count, d]. Returns the first of these rows that holds a non-finite value, or -1.
+int64_t stored_rows_to_double(const std::vector<unsigned char>& tensor, StorageType dtype, int heads, int head, int d,
+                              int64_t first, int64_t count, double* out);
+
 class DumpReader {
  public:
   explicit DumpReader(const std::string& path);  // validates schema, geometry, shapes; throws oscar::Error
@@ -58,6 +107,12 @@ class DumpReader {
   // with the stored chunks decoded (inflated, converted) on `threads` threads.
   void read_layer_into(LayerActivations& out, int layer, int64_t first, int64_t count, bool with_queries,
                        int threads) const;
+  // The same token range as stored (see StoredActivations; with_queries = false reads no queries):
+  // plan_stored splits the read (see StoredBlockRead); read_stored_into plans it, binds `out` and runs
+  // the decoding on `threads` threads.
+  StoredBlockRead plan_stored(int layer, int64_t first, int64_t count, bool with_queries) const;
+  void read_stored_into(StoredActivations& out, int layer, int64_t first, int64_t count, bool with_queries,
+                        int threads) const;
   // Rows per HDF5 chunk along T of this layer's K (the natural streaming granularity).
   int64_t chunk_tokens(int layer) const;
 

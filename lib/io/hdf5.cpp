@@ -49,6 +49,15 @@ Handle open_dataset(const File& file, const std::string& dataset) {
   return Handle(id, H5Dclose);
 }
 
+// Elements in one row (along the first axis) of an array of shape dims.
+size_t elements_per_row(const std::vector<int64_t>& dims) {
+  size_t n = 1;
+  for (size_t i = 1; i < dims.size(); ++i) n *= static_cast<size_t>(dims[i]);
+  return n;
+}
+
+}  // namespace
+
 size_t element_bytes(Element e) {
   switch (e) {
     case Element::float64:
@@ -60,15 +69,6 @@ size_t element_bytes(Element e) {
   }
   return 1;
 }
-
-// Elements in one row (along the first axis) of an array of shape dims.
-size_t elements_per_row(const std::vector<int64_t>& dims) {
-  size_t n = 1;
-  for (size_t i = 1; i < dims.size(); ++i) n *= static_cast<size_t>(dims[i]);
-  return n;
-}
-
-}  // namespace
 
 // Widens n 16-bit floats (float16 or bfloat16) at `src` to n float32 at `dst`, which may be the same
 // memory (the values in its first 2n bytes: a read then needs no staging buffer); returns whether all
@@ -467,118 +467,173 @@ bool File::decodes_chunks(const std::string& dataset) const {
 
 bool File::read_rows_parallel(const std::string& dataset, int64_t first, int64_t count, float* out, int threads,
                               ChunkBuffers& buffers) const {
-  const Element e = element(dataset);
   if (threads <= 1 || count <= 0) return read_rows(dataset, first, count, out);
+  const std::optional<ChunkedRead> plan = plan_rows(dataset, first, count, out, true);
+  if (!plan) return read_rows(dataset, first, count, out);
+  buffers.resize(std::max<size_t>(buffers.size(), parallel_workers(plan->chunks(), threads)));
+  std::vector<char> finite(plan->chunks(), 1);
+  parallel_for_dynamic(plan->chunks(), threads, [&](int c, int worker) { finite[c] = plan->decode(c, buffers[worker]); });
+  return std::all_of(finite.begin(), finite.end(), [](char f) { return f != 0; });
+}
+
+std::optional<File::ChunkedRead> File::plan_stored_rows(const std::string& dataset, int64_t first,
+                                                        int64_t count) const {
+  return plan_rows(dataset, first, count, nullptr, false);
+}
+
+// Rows as stored, through HDF5 (memory type = the stored element type).
+void File::read_stored_rows(const std::string& dataset, int64_t first, int64_t count, void* out) const {
+  const Element e = element(dataset);
+  OSCAR_CHECK(e == Element::float32 || e == Element::float16 || e == Element::bfloat16,
+              "{}: dataset '{}' holds {} where floating-point activations are expected", path_, dataset,
+              element_name(e));
+  Handle d = open_dataset(*this, dataset);
+  Handle space(H5Dget_space(d.id()), H5Sclose);
+  if (select_rows(*this, dataset, space.id(), first, count) * count == 0) return;
+  Handle memory_space = selection_shaped_space(*this, dataset, count);
+  Handle half = half_type();
+  const hid_t memory_type = e == Element::float32 ? H5T_NATIVE_FLOAT
+                            : e == Element::float16 ? half.id() : H5T_NATIVE_UINT16;
+  OSCAR_CHECK(H5Dread(d.id(), memory_type, memory_space.id(), space.id(), H5P_DEFAULT, out) >= 0,
+              "{}: cannot read rows [{}, {}) of '{}' (truncated or corrupt file)", path_, first, first + count, dataset);
+}
+
+std::optional<File::ChunkedRead> File::plan_rows(const std::string& dataset, int64_t first, int64_t count, void* out,
+                                                 bool convert) const {
+  const Element e = element(dataset);
   Handle d = open_dataset(*this, dataset);
   const std::vector<int64_t> dims = shape(dataset);
-  OSCAR_CHECK(!dims.empty() && first >= 0 && first + count <= dims[0], "{}: rows [{}, {}) outside '{}' with {} rows",
-              path_, first, first + count, dataset, dims.empty() ? 0 : dims[0]);
+  OSCAR_CHECK(!dims.empty() && first >= 0 && count >= 0 && first + count <= dims[0],
+              "{}: rows [{}, {}) outside '{}' with {} rows", path_, first, first + count, dataset,
+              dims.empty() ? 0 : dims[0]);
   const std::optional<ChunkCodec> codec = chunk_codec(d.id(), e, dims);
-  if (!codec) return read_rows(dataset, first, count, out);
-  const hsize_t chunk_rows = codec->rows;
-  const bool shuffled = codec->shuffled, deflated = codec->deflated;
-
-  const size_t bytes = element_bytes(e);
-  const size_t per_row = elements_per_row(dims);
-  const size_t chunk_elements = chunk_rows * per_row;
-  const int64_t first_chunk = first / static_cast<int64_t>(chunk_rows);
-  const int chunks = static_cast<int>((first + count - 1) / static_cast<int64_t>(chunk_rows) - first_chunk + 1);
+  if (!codec) return std::nullopt;
+  ChunkedRead plan;
+  plan.path_ = path_;
+  plan.dataset_ = dataset;
+  plan.chunk_rows_ = codec->rows;
+  plan.shuffled_ = codec->shuffled;
+  plan.deflated_ = codec->deflated;
+  plan.convert_ = convert;
+  plan.bf16_ = e == Element::bfloat16;
+  plan.bytes_ = element_bytes(e);
+  plan.per_row_ = elements_per_row(dims);
+  plan.chunk_elements_ = plan.chunk_rows_ * plan.per_row_;
+  plan.first_ = first;
+  plan.count_ = count;
+  plan.out_ = out;
+  plan.first_chunk_ = first / static_cast<int64_t>(plan.chunk_rows_);
+  const int chunks =
+      count == 0 ? 0 : static_cast<int>((first + count - 1) / static_cast<int64_t>(plan.chunk_rows_) - plan.first_chunk_ + 1);
 
   // Where each chunk's stored bytes lie: HDF5 metadata, looked up on this thread (HDF5 is not
-  // thread-safe). The bytes themselves are read with pread on the worker threads: a file opened with
-  // HDF5's default (sec2) driver is a plain file, chunk addresses counted from the end of its user
-  // block. A file this process is writing is flushed first, so that the bytes are on disk.
+  // thread-safe). The bytes themselves are read with pread by decode(): a file opened with HDF5's
+  // default (sec2) driver is a plain file, chunk addresses counted from the end of its user block. A
+  // file this process is writing is flushed first, so that the bytes are on disk.
   unsigned intent = 0;
   if (H5Fget_intent(id(), &intent) >= 0 && (intent & H5F_ACC_RDWR)) H5Fflush(id(), H5F_SCOPE_LOCAL);
   Handle access(H5Fget_access_plist(id()), H5Pclose);
-  if (H5Pget_driver(access.id()) != H5FD_SEC2) return read_rows(dataset, first, count, out);
+  if (H5Pget_driver(access.id()) != H5FD_SEC2) return std::nullopt;
   Handle creation(H5Fget_create_plist(id()), H5Pclose);
-  hsize_t user_block = 0;
-  H5Pget_userblock(creation.id(), &user_block);
-  std::vector<haddr_t> address(chunks);
-  std::vector<hsize_t> stored(chunks);
-  std::vector<unsigned> skipped(chunks, 0);  // per chunk: bit f set when filter f was not applied
+  H5Pget_userblock(creation.id(), &plan.user_block_);
+  plan.address_.resize(chunks);
+  plan.stored_.resize(chunks);
+  plan.skipped_.assign(chunks, 0);
   for (int c = 0; c < chunks; ++c) {
     std::vector<hsize_t> offset(dims.size(), 0);
-    offset[0] = static_cast<hsize_t>(first_chunk + c) * chunk_rows;
-    OSCAR_CHECK(H5Dget_chunk_info_by_coord(d.id(), offset.data(), &skipped[c], &address[c], &stored[c]) >= 0,
+    offset[0] = static_cast<hsize_t>(plan.first_chunk_ + c) * plan.chunk_rows_;
+    OSCAR_CHECK(H5Dget_chunk_info_by_coord(d.id(), offset.data(), &plan.skipped_[c], &plan.address_[c],
+                                           &plan.stored_[c]) >= 0,
                 "{}: cannot locate the chunk at row {} of '{}' (corrupt file)", path_, offset[0], dataset);
-    if (address[c] == HADDR_UNDEF || stored[c] == 0)
-      return read_rows(dataset, first, count, out);  // unwritten chunk: HDF5 supplies the fill value
+    if (plan.address_[c] == HADDR_UNDEF || plan.stored_[c] == 0)
+      return std::nullopt;  // unwritten chunk: HDF5 supplies the fill value
   }
-  struct Descriptor {
-    int fd;
-    ~Descriptor() {
-      if (fd >= 0) ::close(fd);
-    }
-  } const file{::open(path_.c_str(), O_RDONLY | O_CLOEXEC)};
-  const int fd = file.fd;
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   OSCAR_CHECK(fd >= 0, "{}: cannot open for reading", path_);
+  plan.fd_ = std::shared_ptr<const int>(new int(fd), [](const int* f) {
+    ::close(*f);
+    delete f;
+  });
+  return plan;
+}
 
-  // Read and decoded on the worker threads: inflate, unshuffle the rows wanted, convert to float32.
-  const int workers = parallel_workers(chunks, threads);
-  buffers.packed.resize(workers);
-  buffers.plain.resize(workers);
-  buffers.unshuffled.resize(workers);
-  std::vector<char> finite(chunks, 1);
-  parallel_for(chunks, threads, [&](int c) {
-    const int64_t chunk_first = (first_chunk + c) * static_cast<int64_t>(chunk_rows);
-    std::vector<unsigned char>& packed = buffers.packed[c % workers];
-    packed.resize(stored[c]);
+// Reads chunk c's stored bytes, inflates and unshuffles the rows wanted, and stores them as they are
+// or converted to float32.
+bool File::ChunkedRead::decode(int c, ChunkScratch& scratch) const {
+  const int64_t chunk_first = (first_chunk_ + c) * static_cast<int64_t>(chunk_rows_);
+  // Rows of this chunk inside [first, first + count), as an element range of the chunk.
+  const int64_t row_begin = std::max(first_, chunk_first);
+  const int64_t row_end = std::min(first_ + count_, chunk_first + static_cast<int64_t>(chunk_rows_));
+  const size_t begin = static_cast<size_t>(row_begin - chunk_first) * per_row_;
+  const size_t n = static_cast<size_t>(row_end - row_begin) * per_row_;
+  const size_t out_offset = static_cast<size_t>(row_begin - first_) * per_row_;
+  // Reads `length` stored bytes of the chunk from byte `offset` on.
+  auto read_chunk = [&](unsigned char* into, size_t offset, size_t length) {
     size_t done = 0;
-    while (done < packed.size()) {
-      const ssize_t got = ::pread(fd, packed.data() + done, packed.size() - done,
-                                  static_cast<off_t>(user_block + address[c] + done));
+    while (done < length) {
+      const ssize_t got = ::pread(*fd_, into + done, length - done,
+                                  static_cast<off_t>(user_block_ + address_[c] + offset + done));
       if (got < 0 && errno == EINTR) continue;
       OSCAR_CHECK(got > 0, "{}: the chunk at row {} of '{}' lies past the end of the file (truncated file)", path_,
-                  chunk_first, dataset);
+                  chunk_first, dataset_);
       done += static_cast<size_t>(got);
     }
-    const unsigned char* plain = packed.data();
-    if (deflated && !(skipped[c] & (1u << (shuffled ? 1 : 0)))) {
-      std::vector<unsigned char>& inflated = buffers.plain[c % workers];
-      inflated.resize(chunk_elements * bytes);
-      uLongf length = static_cast<uLongf>(inflated.size());
-      const int status = uncompress(inflated.data(), &length, packed.data(), static_cast<uLong>(packed.size()));
-      OSCAR_CHECK(status == Z_OK && length == inflated.size(),
-                  "{}: the chunk at row {} of '{}' does not inflate to {} bytes (corrupt file)", path_, chunk_first,
-                  dataset, inflated.size());
-      plain = inflated.data();
-    } else {
-      OSCAR_CHECK(packed.size() == chunk_elements * bytes, "{}: the chunk at row {} of '{}' holds {} bytes, not {}",
-                  path_, chunk_first, dataset, packed.size(), chunk_elements * bytes);
+  };
+  const bool inflate = deflated_ && !(skipped_[c] & (1u << (shuffled_ ? 1 : 0)));
+  const bool unshuffle = shuffled_ && !(skipped_[c] & 1u);
+  OSCAR_CHECK(inflate || stored_[c] == chunk_elements_ * bytes_,
+              "{}: the chunk at row {} of '{}' holds {} bytes, not {}", path_, chunk_first, dataset_, stored_[c],
+              chunk_elements_ * bytes_);
+  unsigned char* const stored_out = static_cast<unsigned char*>(out_) + out_offset * bytes_;
+  if (!convert_ && !inflate && !unshuffle) {  // stored bytes wanted and stored plainly: no staging
+    read_chunk(stored_out, begin * bytes_, n * bytes_);
+    return true;
+  }
+  std::vector<unsigned char>& packed = scratch.packed;
+  packed.resize(stored_[c]);
+  read_chunk(packed.data(), 0, packed.size());
+  const unsigned char* plain = packed.data();
+  if (inflate) {
+    std::vector<unsigned char>& inflated = scratch.plain;
+    inflated.resize(chunk_elements_ * bytes_);
+    uLongf length = static_cast<uLongf>(inflated.size());
+    const int status = uncompress(inflated.data(), &length, packed.data(), static_cast<uLong>(packed.size()));
+    OSCAR_CHECK(status == Z_OK && length == inflated.size(),
+                "{}: the chunk at row {} of '{}' does not inflate to {} bytes (corrupt file)", path_, chunk_first,
+                dataset_, inflated.size());
+    plain = inflated.data();
+  }
+  const unsigned char* src = plain + begin * bytes_;
+  if (unshuffle) {
+    // Shuffled: byte b of element i is at b * chunk_elements + i; unshuffled straight into place
+    // when the stored bytes are wanted.
+    std::vector<unsigned char>& ordered = scratch.unshuffled;
+    unsigned char* into = stored_out;
+    if (convert_) {
+      ordered.resize(n * bytes_);
+      into = ordered.data();
     }
-    // Rows of this chunk inside [first, first + count), as an element range of the chunk.
-    const int64_t row_begin = std::max(first, chunk_first);
-    const int64_t row_end = std::min(first + count, chunk_first + static_cast<int64_t>(chunk_rows));
-    const size_t begin = static_cast<size_t>(row_begin - chunk_first) * per_row;
-    const size_t n = static_cast<size_t>(row_end - row_begin) * per_row;
-    const unsigned char* src = plain + begin * bytes;
-    if (shuffled && !(skipped[c] & 1u)) {
-      // Shuffled: byte b of element i is at b * chunk_elements + i.
-      std::vector<unsigned char>& ordered = buffers.unshuffled[c % workers];
-      ordered.resize(n * bytes);
-      const unsigned char* plane = plain + begin;
-      if (bytes == 2) {  // the common case, in a loop the compiler vectorises
-        for (size_t i = 0; i < n; ++i) {
-          const uint16_t value = static_cast<uint16_t>(plane[i] | plane[chunk_elements + i] << 8);
-          std::memcpy(ordered.data() + 2 * i, &value, 2);
-        }
-      } else {
-        for (size_t b = 0; b < bytes; ++b)
-          for (size_t i = 0; i < n; ++i) ordered[i * bytes + b] = plane[b * chunk_elements + i];
+    const unsigned char* plane = plain + begin;
+    if (bytes_ == 2) {  // the common case, in a loop the compiler vectorises
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t value = static_cast<uint16_t>(plane[i] | plane[chunk_elements_ + i] << 8);
+        std::memcpy(into + 2 * i, &value, 2);
       }
-      src = ordered.data();
-    }
-    float* dst = out + static_cast<size_t>(row_begin - first) * per_row;
-    if (bytes == 2) {
-      finite[c] = widen_halves(src, n, e == Element::bfloat16, dst);
     } else {
-      std::memcpy(dst, src, n * sizeof(float));
-      finite[c] = all_finite(dst, n);
+      for (size_t b = 0; b < bytes_; ++b)
+        for (size_t i = 0; i < n; ++i) into[i * bytes_ + b] = plane[b * chunk_elements_ + i];
     }
-  });
-  return std::all_of(finite.begin(), finite.end(), [](char f) { return f != 0; });
+    if (!convert_) return true;
+    src = into;
+  }
+  if (!convert_) {
+    std::memcpy(stored_out, src, n * bytes_);
+    return true;
+  }
+  float* dst = static_cast<float*>(out_) + out_offset;
+  if (bytes_ == 2) return widen_halves(src, n, bf16_, dst);
+  std::memcpy(dst, src, n * sizeof(float));
+  return all_finite(dst, n);
 }
 
 void File::write_rows_parallel(const std::string& dataset, int64_t first, int64_t count, const float* data,

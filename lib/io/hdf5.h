@@ -4,6 +4,8 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,16 +79,47 @@ class File {
   // Rows [first, first+count) as float32 (converted from any stored float type); returns whether
   // every value read is finite (checked during the conversion, so callers need no second pass).
   bool read_rows(const std::string& dataset, int64_t first, int64_t count, float* out) const;
-  // Buffers a caller keeps between read_rows_parallel calls so that repeated reads allocate nothing.
-  struct ChunkBuffers {
-    std::vector<std::vector<unsigned char>> packed, plain, unshuffled;
+  // Scratch of chunk decoding, one per worker thread, kept by the caller between reads so that
+  // repeated reads allocate nothing.
+  struct ChunkScratch {
+    std::vector<unsigned char> packed, plain, unshuffled;
   };
+  using ChunkBuffers = std::vector<ChunkScratch>;
   // The same rows, values and finiteness answer as read_rows, decoded on `threads` threads: for a
   // dataset chunked along rows with shuffle and/or deflate (what create_dataset writes) the chunks'
   // stored bytes are read here and inflated, unshuffled and converted in parallel. Other layouts, and
   // threads <= 1, go through read_rows.
   bool read_rows_parallel(const std::string& dataset, int64_t first, int64_t count, float* out, int threads,
                           ChunkBuffers& buffers) const;
+  // A read of rows split in two so that its chunks can be decoded among other work:
+  // plan_stored_rows looks up where the chunks lie (HDF5 metadata, on the calling thread); once
+  // given its output (set_output), decode(c, scratch) reads chunk c with pread and inflates and
+  // unshuffles it into place, on any thread and in any order. The rows land as stored
+  // (element_bytes(element(dataset)) bytes per value, neither converted nor checked: the caller
+  // converts and checks them). No plan (nullopt) for datasets whose chunks we do not decode
+  // ourselves: read_stored_rows reads those through HDF5.
+  class ChunkedRead {
+   public:
+    int chunks() const { return static_cast<int>(address_.size()); }
+    void set_output(void* out) { out_ = out; }
+    // Decodes chunk c; float32 output (read_rows_parallel) returns whether its values are finite.
+    bool decode(int c, ChunkScratch& scratch) const;
+
+   private:
+    friend class File;
+    std::string path_, dataset_;
+    std::shared_ptr<const int> fd_;  // closed with the last copy of the plan
+    hsize_t user_block_ = 0, chunk_rows_ = 0;
+    std::vector<haddr_t> address_;
+    std::vector<hsize_t> stored_;
+    std::vector<unsigned> skipped_;  // per chunk: bit f set when filter f was not applied
+    bool shuffled_ = false, deflated_ = false, convert_ = false, bf16_ = false;
+    size_t bytes_ = 0, per_row_ = 0, chunk_elements_ = 0;
+    int64_t first_ = 0, count_ = 0, first_chunk_ = 0;
+    void* out_ = nullptr;
+  };
+  std::optional<ChunkedRead> plan_stored_rows(const std::string& dataset, int64_t first, int64_t count) const;
+  void read_stored_rows(const std::string& dataset, int64_t first, int64_t count, void* out) const;
   bool decodes_chunks(const std::string& dataset) const;  // whether read_rows_parallel decodes them itself
   // Rows written from float32, converted to the dataset's element type (fp16/bf16 round to nearest even).
   void write_rows(const std::string& dataset, int64_t first, int64_t count, const float* data);
@@ -106,10 +139,15 @@ class File {
   Handle handle_;
   std::string path_;
   bool transfer_rows(const std::string& dataset, int64_t first, int64_t count, float* buffer, bool write) const;
+  // The plan of plan_stored_rows, or with convert of read_rows_parallel (float32 out); nullopt when
+  // HDF5 must read the dataset (its layout, filters or file driver are not ours to decode).
+  std::optional<ChunkedRead> plan_rows(const std::string& dataset, int64_t first, int64_t count, void* out,
+                                       bool convert) const;
   void write_whole(const std::string& dataset, const std::vector<int64_t>& shape, hid_t file_type, hid_t memory_type,
                    const void* data);
 };
 
 const char* element_name(Element element);
+size_t element_bytes(Element element);
 
 }  // namespace oscar::h5

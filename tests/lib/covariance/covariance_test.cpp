@@ -53,11 +53,18 @@ double max_relative_difference(const std::vector<double>& a, const std::vector<d
   return worst / std::max(scale, 1e-300);
 }
 
-TEST(Covariance, MatchesNaiveDoubleLoop) {
+// Enough tokens for several blocks and several of the accumulation's sub-blocks.
+SyntheticSpec long_spec() {
   SyntheticSpec spec = small_spec();
+  spec.tokens_per_sequence = 700;
+  return spec;
+}
+
+TEST(Covariance, MatchesNaiveDoubleLoop) {
+  SyntheticSpec spec = long_spec();
   const std::string path = write_synthetic("naive.h5", spec);
   AccumulateOptions options;
-  options.block_tokens = 19;  // odd block size: blocks do not align with sequences
+  options.block_tokens = 1000;  // rounded up to 1024: blocks do not align with the 700-token sequences
   options.quiet = true;
   options.score_queries = 5;
   Statistics stats = accumulate_statistics({path}, options);
@@ -147,22 +154,24 @@ TEST(Covariance, LayerShardsMergeExactly) {
     for (Target t : kAllTargets) EXPECT_EQ(merged.find_layer(layer.layer)->of(t).sum, layer.of(t).sum);
 }
 
-TEST(Covariance, ThreadCountDoesNotChangeOneBit) {
-  // Work items and partial sums are fixed by the geometry, not by the threads: 1, 3 and 8 threads
-  // (the reader decoding chunks on as many) give bit-identical statistics.
-  SyntheticSpec spec = small_spec();
+TEST(Covariance, ThreadCountAndBlockSizeDoNotChangeOneBit) {
+  // Work items, partial sums and the sub-blocks of the dsyrk calls are fixed by the geometry and the
+  // token positions, not by the threads or the block size: any mix of them (the reader decoding chunks
+  // on as many threads) gives bit-identical statistics.
+  SyntheticSpec spec = long_spec();
   const std::string path = write_synthetic("threads.h5", spec);
   AccumulateOptions options;
   options.quiet = true;
-  options.block_tokens = 40;
+  options.block_tokens = 512;
   options.threads = 1;
   const Statistics one = accumulate_statistics({path}, options);
-  for (int threads : {3, 8}) {
+  for (auto [threads, block] : {std::pair{3, 1024}, {8, 0}, {2, 700}}) {
     options.threads = threads;
+    options.block_tokens = block;
     const Statistics many = accumulate_statistics({path}, options);
     for (const auto& layer : one.layers)
       for (Target t : kAllTargets) {
-        EXPECT_EQ(many.find_layer(layer.layer)->of(t).sum, layer.of(t).sum) << threads << " threads";
+        EXPECT_EQ(many.find_layer(layer.layer)->of(t).sum, layer.of(t).sum) << threads << " threads, block " << block;
         EXPECT_EQ(many.find_layer(layer.layer)->of(t).weight, layer.of(t).weight) << threads << " threads";
       }
   }
