@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   app.add_flag("--merge", merge, "Add statistics files (same geometry) instead of reading dumps");
   app.add_option("--layers", layers, "Layers to accumulate, e.g. 0,3,8-11 (default: all in the first dump)");
   app.add_option("--block-tokens", options.block_tokens,
-                 "Tokens read per block (bounds memory; 0: 2048 per 4 threads, 2048 to 8192)")->capture_default_str();
+                 "Tokens read per block, rounded up to a multiple of 512 (bounds memory; 0: 2048 per 4 threads, 2048 to 8192; the statistics do not depend on it)")->capture_default_str();
   app.add_option("--score-queries", options.score_queries,
                  "Queries sampled per sequence for value_scores; costs O(N * T * d) per query head and sequence of T "
                  "tokens (0: skip that target)")

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -197,6 +198,56 @@ TEST(Dump, ParallelChunkReadsMatchHdf5Reads) {
                 << h5::element_name(element) << (compress ? " compressed " : " plain ") << first << "+" << count;
           EXPECT_EQ(got.back(), 123.0f);
         }
+      std::remove(path.c_str());
+    }
+}
+
+TEST(Dump, StoredChunkReadsMatchHdf5AndWidenExactly) {
+  // The accumulation's path: plan_stored_rows + decode (chunks in any order) gives the bytes HDF5
+  // reads for the same rows (no conversion), and stored_rows_to_double widens them to the float32
+  // read's values exactly and reports the first non-finite row, with heads of 16384 values (the
+  // vector conversion) and of 4 (its scalar tail).
+  const std::vector<float> values = wide_values();
+  const std::pair<int64_t, int64_t> ranges[] = {{0, 24}, {7, 1}, {7, 9}, {5, 19}, {10, 14}};
+  const std::pair<h5::Element, StorageType> types[] = {{h5::Element::float32, StorageType::float32},
+                                                        {h5::Element::float16, StorageType::float16},
+                                                        {h5::Element::bfloat16, StorageType::bfloat16}};
+  for (auto [element, storage] : types)
+    for (bool compress : {true, false}) {
+      const std::string path = testing::TempDir() + "/stored.h5";
+      h5::File f = h5::File::create(path);
+      f.create_dataset("/x", element, {kWideRows, 1, kWideRow}, compress);
+      f.write_rows("/x", 0, kWideRows, values.data());
+      const size_t bytes = h5::element_bytes(element);
+      h5::File::ChunkScratch scratch;
+      for (auto [first, count] : ranges) {
+        const std::string what = std::string(h5::element_name(element)) + (compress ? " compressed " : " plain ") +
+                                 std::to_string(first) + "+" + std::to_string(count);
+        std::vector<unsigned char> expected(count * kWideRow * bytes), got(expected.size() + 16, 0xAB);
+        f.read_stored_rows("/x", first, count, expected.data());
+        auto plan = f.plan_stored_rows("/x", first, count);
+        ASSERT_TRUE(plan.has_value()) << what;  // else the chunks would not be ours to decode
+        ASSERT_GT(plan->chunks(), 0);
+        plan->set_output(got.data());
+        for (int c = plan->chunks(); c-- > 0;) plan->decode(c, scratch);
+        ASSERT_TRUE(std::equal(expected.begin(), expected.end(), got.begin())) << what;
+        EXPECT_EQ(got[expected.size()], 0xAB) << what << ": wrote past the rows";
+        std::vector<float> floats(count * kWideRow);
+        f.read_rows("/x", first, count, floats.data());
+        for (int d : {16384, 4}) {
+          const int heads = static_cast<int>(kWideRow / d);
+          for (int head = 0; head < heads; ++head) {
+            std::vector<double> wide(count * d);
+            const int64_t bad = stored_rows_to_double(got, storage, heads, head, d, 0, count, wide.data());
+            const int64_t inf_row = kInfAt / kWideRow - first;
+            const bool has_inf = head == (kInfAt % kWideRow) / d && inf_row >= 0 && inf_row < count;
+            EXPECT_EQ(bad, has_inf ? inf_row : -1) << what << " head " << head;
+            for (int64_t t = 0; t < count; ++t)
+              for (int c = 0; c < d; ++c)
+                ASSERT_EQ(wide[t * d + c], static_cast<double>(floats[t * kWideRow + head * d + c])) << what;
+          }
+        }
+      }
       std::remove(path.c_str());
     }
 }
