@@ -100,50 +100,67 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantCase{256, 129, 0.92f, MetadataType::bf16, true},
                       QuantCase{256, 63, 0.1f, MetadataType::fp16, false}));
 
+// The CPU reference and the kernel on the same rows, rotation clip 0.96, fp32 metadata.
+struct RotatedRun {
+  std::vector<uint8_t> ref_codes, codes;
+  std::vector<float> ref_meta, meta;
+};
+
+RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& rot, long rows, int d) {
+  QuantizerConfig config;
+  config.clip_ratio = 0.96f;
+  config.metadata = MetadataType::fp32;
+  RotatedRun run;
+  run.ref_codes.resize(static_cast<size_t>(rows) * d / 4);
+  run.ref_meta.resize(static_cast<size_t>(rows) * 2);
+  quantize_pack_rows_reference(x.data(), rows, d, rot.data(), config, run.ref_codes.data(), run.ref_meta.data(), 2,
+                               0, nullptr);
+  DeviceBuffer<float> dx, drot, dmeta(run.ref_meta.size());
+  DeviceBuffer<uint8_t> dcodes(run.ref_codes.size());
+  dx.upload(x);
+  drot.upload(rot);
+  kernels::QuantizePackParams p;
+  p.rows = rows;
+  p.head_dim = d;
+  p.input = dx.get();
+  p.rotation = drot.get();
+  p.clip_ratio = 0.96f;
+  p.codes = dcodes.get();
+  p.metadata_out = dmeta.get();
+  kernels::launch_quantize_pack(p, nullptr);
+  cuda_check(cudaGetLastError(), "launch");
+  cuda_check(cudaDeviceSynchronize(), "sync");
+  run.codes = dcodes.download();
+  run.meta = dmeta.download();
+  return run;
+}
+
+// Codes unpacked: at most one step apart, and rare (values on a rounding boundary): <= 0.1 %.
+void expect_codes_close(const RotatedRun& run, long rows, int d) {
+  long moved = 0;
+  for (size_t i = 0; i < run.codes.size(); ++i)
+    for (int s = 0; s < 8; s += 2) {
+      const int a = run.codes[i] >> s & 3, b = run.ref_codes[i] >> s & 3;
+      ASSERT_LE(std::abs(a - b), 1) << "byte " << i << " d " << d;
+      moved += a != b;
+    }
+  EXPECT_LE(moved, rows * d / 1000) << "d " << d;
+}
+
 TEST(QuantizePack, RotationWithinFloatTolerance) {
   for (int d : {64, 128, 256}) {
     const long rows = 2000;
-    const int Q = d / 4;
     auto x = test::random_normal(static_cast<size_t>(rows) * d, 5 + d);
     auto rot = test::random_normal(static_cast<size_t>(d) * d, 6 + d, 1.0f / std::sqrt(static_cast<float>(d)));
-    QuantizerConfig config;
-    config.clip_ratio = 0.96f;
-    config.metadata = MetadataType::fp32;
-    std::vector<uint8_t> ref_codes(static_cast<size_t>(rows) * Q);
-    std::vector<float> ref_meta(static_cast<size_t>(rows) * 2);
-    quantize_pack_rows_reference(x.data(), rows, d, rot.data(), config, ref_codes.data(), ref_meta.data(), 2, 0,
-                                 nullptr);
-    DeviceBuffer<float> dx, drot, dmeta(ref_meta.size());
-    DeviceBuffer<uint8_t> dcodes(ref_codes.size());
-    dx.upload(x);
-    drot.upload(rot);
-    kernels::QuantizePackParams p;
-    p.rows = rows;
-    p.head_dim = d;
-    p.input = dx.get();
-    p.rotation = drot.get();
-    p.clip_ratio = 0.96f;
-    p.codes = dcodes.get();
-    p.metadata_out = dmeta.get();
-    kernels::launch_quantize_pack(p, nullptr);
-    cuda_check(cudaGetLastError(), "launch");
-    cuda_check(cudaDeviceSynchronize(), "sync");
-    auto codes = dcodes.download();
-    auto meta = dmeta.download();
+    const RotatedRun run = run_rotated(x, rot, rows, d);
+    const std::vector<float>& meta = run.meta;
+    const std::vector<float>& ref_meta = run.ref_meta;
     // Metadata: within a few float ulps relative (x.R differs by summation order, ~1e-6 relative).
     for (size_t i = 0; i < meta.size(); i += 2) {
       ASSERT_NEAR(meta[i], ref_meta[i], 1e-4 * std::fabs(ref_meta[i]) + 1e-7) << "scale of row " << i / 2;
       ASSERT_NEAR(meta[i + 1], ref_meta[i + 1], 1e-4 * std::fabs(ref_meta[i + 1]) + 1e-6) << "zero of row " << i / 2;
     }
-    // Codes: unpacked, at most one step apart, and rare (values on a rounding boundary).
-    long moved = 0;
-    for (size_t i = 0; i < codes.size(); ++i)
-      for (int s = 0; s < 8; s += 2) {
-        const int a = codes[i] >> s & 3, b = ref_codes[i] >> s & 3;
-        ASSERT_LE(std::abs(a - b), 1);
-        moved += a != b;
-      }
-    EXPECT_LE(moved, rows * d / 1000) << "d " << d;
+    expect_codes_close(run, rows, d);
   }
 }
 
@@ -154,7 +171,6 @@ TEST(QuantizePack, RotationWithinFloatTolerance) {
 TEST(QuantizePack, RotationHardRowsWithinFloatTolerance) {
   for (int d : {64, 128, 256}) {
     const long rows = d == 64 ? 60013 : (d == 128 ? 40009 : 3001);
-    const int Q = d / 4;
     auto x = test::random_normal(static_cast<size_t>(rows) * d, 11 + d);
     auto rot = test::random_normal(static_cast<size_t>(d) * d, 12 + d, 1.0f / std::sqrt(static_cast<float>(d)));
     for (int k = 0; k < d; ++k)
@@ -175,30 +191,9 @@ TEST(QuantizePack, RotationHardRowsWithinFloatTolerance) {
     row(2)[3] = 1e6f;
     row(63)[d - 1] = -3e5f;
     row(64)[0] = 7e4f;
-    QuantizerConfig config;
-    config.clip_ratio = 0.96f;
-    config.metadata = MetadataType::fp32;
-    std::vector<uint8_t> ref_codes(static_cast<size_t>(rows) * Q);
-    std::vector<float> ref_meta(static_cast<size_t>(rows) * 2);
-    quantize_pack_rows_reference(x.data(), rows, d, rot.data(), config, ref_codes.data(), ref_meta.data(), 2, 0,
-                                 nullptr);
-    DeviceBuffer<float> dx, drot, dmeta(ref_meta.size());
-    DeviceBuffer<uint8_t> dcodes(ref_codes.size());
-    dx.upload(x);
-    drot.upload(rot);
-    kernels::QuantizePackParams p;
-    p.rows = rows;
-    p.head_dim = d;
-    p.input = dx.get();
-    p.rotation = drot.get();
-    p.clip_ratio = 0.96f;
-    p.codes = dcodes.get();
-    p.metadata_out = dmeta.get();
-    kernels::launch_quantize_pack(p, nullptr);
-    cuda_check(cudaGetLastError(), "launch");
-    cuda_check(cudaDeviceSynchronize(), "sync");
-    auto codes = dcodes.download();
-    auto meta = dmeta.download();
+    const RotatedRun run = run_rotated(x, rot, rows, d);
+    const std::vector<float>& meta = run.meta;
+    const std::vector<float>& ref_meta = run.ref_meta;
     // The zero row rotates to exact zeros on any path: its metadata is bit-identical.
     EXPECT_EQ(meta[0], ref_meta[0]) << "d " << d;
     EXPECT_EQ(meta[1], ref_meta[1]) << "d " << d;
@@ -210,14 +205,7 @@ TEST(QuantizePack, RotationHardRowsWithinFloatTolerance) {
       ASSERT_NEAR(meta[i + 1], ref_meta[i + 1], 1e-4 * std::fabs(ref_meta[i + 1]) + 1e-6 * atol)
           << "zero of row " << i / 2 << " d " << d;
     }
-    long moved = 0;
-    for (size_t i = 0; i < codes.size(); ++i)
-      for (int s = 0; s < 8; s += 2) {
-        const int a = codes[i] >> s & 3, b = ref_codes[i] >> s & 3;
-        ASSERT_LE(std::abs(a - b), 1) << "byte " << i << " d " << d;
-        moved += a != b;
-      }
-    EXPECT_LE(moved, rows * d / 1000) << "d " << d;
+    expect_codes_close(run, rows, d);
   }
 }
 
