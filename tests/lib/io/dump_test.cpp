@@ -252,6 +252,26 @@ TEST(Dump, StoredChunkReadsMatchHdf5AndWidenExactly) {
     }
 }
 
+TEST(Dump, StoredRowsOfAContiguousDatasetComeThroughHdf5) {
+  // A layout we do not decode ourselves (here contiguous, as other writers may store it): no chunk
+  // plan, and read_stored_rows returns the stored bytes of the rows asked for.
+  const std::string path = testing::TempDir() + "/contiguous.h5";
+  h5::File f = h5::File::create(path);
+  const hsize_t dims[3] = {10, 1, 8};
+  std::vector<float> values(80);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * static_cast<float>(i) - 7.0f;
+  hid_t space = H5Screate_simple(3, dims, nullptr);
+  hid_t d = H5Dcreate2(f.id(), "/x", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+  H5Dclose(d);
+  H5Sclose(space);
+  EXPECT_FALSE(f.plan_stored_rows("/x", 2, 5).has_value());
+  std::vector<float> got(5 * 8, -1.0f);
+  f.read_stored_rows("/x", 2, 5, got.data());
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], values[2 * 8 + i]);
+  std::remove(path.c_str());
+}
+
 // The stored bytes and filter mask of every chunk of a dataset.
 std::vector<std::pair<uint32_t, std::vector<unsigned char>>> stored_chunks(const h5::File& f, const std::string& name) {
   std::vector<std::pair<uint32_t, std::vector<unsigned char>>> chunks;
