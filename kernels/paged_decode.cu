@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "mma.cuh"
 #include "paged_decode.h"
 
 namespace oscar::kernels {
@@ -45,15 +46,6 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 __device__ __forceinline__ float2 unpack_half2(uint32_t v) {
   __half2 h = *reinterpret_cast<__half2*>(&v);
   return __half22float2(h);
-}
-// D = A B + D, A [16 x 16] row-major fp16, B [16 x 8] col-major fp16, fp32 accumulators.
-__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 // ldmatrix .trans: lane (gid, tq) of matrix i gets rows 2tq (low half) and 2tq + 1 of column gid; lanes
 // 8i .. 8i + 7 give the row addresses of matrix i (16 bytes each).
@@ -380,7 +372,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 #pragma unroll
           for (int e = 0; e < 8; e += 2) {
             const KField f0 = k_field(e), f1 = k_field(e + 1);
-            mma_16816(s[t], field_at(src[0][f0.src], f0.pos, ex), field_at(src[1][f0.src], f0.pos, ex),
+            mma_f16_16816(s[t], field_at(src[0][f0.src], f0.pos, ex), field_at(src[1][f0.src], f0.pos, ex),
                       field_at(src[0][f1.src], f1.pos, ex), field_at(src[1][f1.src], f1.pos, ex), qf[(8 * u + e) / 2][0],
                       qf[(8 * u + e) / 2][1]);
           }
@@ -467,7 +459,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
           for (int fp = 0; fp < 8; fp += 2) {
             // m-tile 4 xi + fp / 2: row gid = field fp, row gid + 8 = field fp + 1.
             const VField f0 = v_field(fp), f1 = v_field(fp + 1);
-            mma_16816(o[4 * xi + fp / 2], field_at(src[0][f0.src], f0.pos, ex), field_at(src[0][f1.src], f1.pos, ex),
+            mma_f16_16816(o[4 * xi + fp / 2], field_at(src[0][f0.src], f0.pos, ex), field_at(src[0][f1.src], f1.pos, ex),
                       field_at(src[1][f0.src], f0.pos, ex), field_at(src[1][f1.src], f1.pos, ex), pb[0], pb[1]);
           }
         }
@@ -520,14 +512,6 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 // bf16 terms (x = hi + lo, hi = RN_bf16(x), lo = RN_bf16(x - hi): ~16 significant bits) for the queries and
 // the softmax weights; the cache values are bf16 already, so both products are exact up to fp32
 // accumulation and the dropped lo * (bf16 value) term of ~2^-17 relative.
-__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ uint32_t word(const uint4& x, int i) {
   return i == 0 ? x.x : i == 1 ? x.y : i == 2 ? x.z : x.w;
 }

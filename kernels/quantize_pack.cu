@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "mma.cuh"
 #include "quantize_pack.h"
 
 namespace oscar::kernels {
@@ -321,14 +322,6 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) 
   lo = __float_as_uint(__fsub_rn(x, __uint_as_float(hi)));
 }
 
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(  // not volatile: a pure function of its operands, free to be scheduled
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 template <int D, int KMAX>
 __global__ void __launch_bounds__(D) quantize_rows_rotated_kernel(const QuantizePackParams p, int k_top) {
   constexpr int XS = D + 4, RS = D + 8, THREADS = D;
@@ -382,15 +375,15 @@ __global__ void __launch_bounds__(D) quantize_rows_rotated_kernel(const Quantize
 #pragma unroll
       for (int n = 0; n < 4; ++n)
 #pragma unroll
-        for (int m = 0; m < 4; ++m) mma_tf32(acc[m][n], a_lo[m], b_hi[n][0], b_hi[n][1]);
+        for (int m = 0; m < 4; ++m) mma_tf32_1688(acc[m][n], a_lo[m], b_hi[n][0], b_hi[n][1]);
 #pragma unroll
       for (int n = 0; n < 4; ++n)
 #pragma unroll
-        for (int m = 0; m < 4; ++m) mma_tf32(acc[m][n], a_hi[m], b_lo[n][0], b_lo[n][1]);
+        for (int m = 0; m < 4; ++m) mma_tf32_1688(acc[m][n], a_hi[m], b_lo[n][0], b_lo[n][1]);
 #pragma unroll
       for (int n = 0; n < 4; ++n)
 #pragma unroll
-        for (int m = 0; m < 4; ++m) mma_tf32(acc[m][n], a_hi[m], b_hi[n][0], b_hi[n][1]);
+        for (int m = 0; m < 4; ++m) mma_tf32_1688(acc[m][n], a_hi[m], b_hi[n][0], b_hi[n][1]);
     }
   }
   __syncthreads();  // all warps done reading x
@@ -451,14 +444,6 @@ __device__ __forceinline__ void split_fp16x2(float a, float b, float scale, uint
   const __half2 l = __floats2half2_rn(sa - hf.x, sb - hf.y);
   hi = *reinterpret_cast<const uint32_t*>(&h);
   lo = *reinterpret_cast<const uint32_t*>(&l);
-}
-
-__device__ __forceinline__ void mma_fp16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(  // not volatile: a pure function of its operands
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // The [32, D] tile of rows row0.. into this warp's shared memory (cp.async; rows past the end zeroed).
@@ -564,15 +549,15 @@ __global__ void __launch_bounds__(kSplitWarps * 32, D == 64 ? 2 : 1) quantize_ro
 #pragma unroll
       for (int n = 0; n < NTILES; ++n)
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_fp16(acc[m][n], a_lo[m], b[n].x, b[n].y);
+        for (int m = 0; m < 2; ++m) mma_f16_16816(acc[m][n], a_lo[m], b[n].x, b[n].y);
 #pragma unroll
       for (int n = 0; n < NTILES; ++n)
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_fp16(acc[m][n], a_hi[m], b[n].z, b[n].w);
+        for (int m = 0; m < 2; ++m) mma_f16_16816(acc[m][n], a_hi[m], b[n].z, b[n].w);
 #pragma unroll
       for (int n = 0; n < NTILES; ++n)
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_fp16(acc[m][n], a_hi[m], b[n].x, b[n].y);
+        for (int m = 0; m < 2; ++m) mma_f16_16816(acc[m][n], a_hi[m], b[n].x, b[n].y);
     }
     float rinv[2][2];
 #pragma unroll
