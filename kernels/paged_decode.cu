@@ -668,6 +668,9 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
 // of the partials in float4 loads (read through L2: other CTAs of this launch wrote them), then
 // o'[g, d] . R_V^T by (row slice, column quad) threads (R_V^T was prefetched to L2 at the start of the
 // launch), the row slices summed in a fixed order. Scratch aliases the CTA's shared memory.
+__device__ __forceinline__ void fma4(float w, const float4& v, float4& a) {
+  a.x = fmaf(w, v.x, a.x), a.y = fmaf(w, v.y, a.y), a.z = fmaf(w, v.z, a.z), a.w = fmaf(w, v.w, a.w);
+}
 template <int D>
 constexpr int merge_slices() {
   return 4 * kThreads / D;  // row slices of the un-rotation: 128 threads = slices x (D / 4) column quads
@@ -706,9 +709,6 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
   constexpr int U = 8;
   const int n4 = g * D / 4;
   const float4* po4 = reinterpret_cast<const float4*>(p.partial_out + pair * S * g * D);  // [S, g, D / 4]
-  auto fma4 = [](float w, const float4& v, float4& a) {
-    a.x = fmaf(w, v.x, a.x), a.y = fmaf(w, v.y, a.y), a.z = fmaf(w, v.z, a.z), a.w = fmaf(w, v.w, a.w);
-  };
   for (int i0 = threadIdx.x; i0 < n4; i0 += 2 * kThreads) {
     const int i1 = i0 + kThreads;
     const bool two = i1 < n4;
@@ -773,6 +773,134 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
   }
 }
 
+// ---------------------------------------------------------------- parallel merge
+// At batch 1 the last-CTA merge above is one CTA's serial latency chain after the last split: S / 8
+// rounds of loads, then 64 KB of R_V^T through 4 warps (H200, batch 1 / 100K, 35 splits: 8.3 us of a
+// 38 us kernel; 1K tokens, 6 splits: 4.9 of 11.8 us). Instead merge_parts CTAs per pair, resident from
+// the start of the launch, each load a column block of R_V^T into shared memory while the splits run,
+// wait on the pair's arrival counter, merge one query head's splits (one round of loads for up to
+// 64 splits at d = 128, the split weights computed while those loads are in flight) and write that
+// head's output columns. No second reduction: a column block needs only its own head's merged row.
+template <int D>
+__host__ __device__ constexpr int merge_cols() {  // output columns per merge CTA: <= 32 KB of R_V^T
+  return D * D * 4 <= 32768 ? D : 8192 / D;
+}
+template <int D>
+__host__ __device__ constexpr int merge_cta_smem_floats(int splits) {
+  // R_V^T block [D, NC], split-group sums [threads / (D / 4), D / 4] float4, merged row [D], column
+  // partial sums [threads], split lse [S].
+  return D * merge_cols<D>() + 4 * kThreads + D + kThreads + splits;
+}
+template <int D>
+__device__ void merge_cta(const PagedDecodeParams& p, uint8_t* smem, int m) {
+  constexpr int NC = merge_cols<D>(), C = D / NC;
+  constexpr int Q4 = D / 4;           // float4 per output row
+  constexpr int SG = kThreads / Q4;   // split groups: thread (sg, j) sums float4 j over splits sg + SG i
+  constexpr int U = 16;               // loads in flight per thread
+  constexpr int TPC = kThreads / NC;  // threads per output column of the un-rotation
+  const int g = p.group, S = p.int2_splits + p.bf16_splits, K = g * C;
+  const int pair = m / K, part = m % K, h = part / C, c0 = (part % C) * NC;
+  float* rot_s = reinterpret_cast<float*>(smem);              // [D, NC]: R_V^T[:, c0 .. c0 + NC)
+  float4* red = reinterpret_cast<float4*>(rot_s + D * NC);    // [SG, Q4]
+  float* merged = reinterpret_cast<float*>(red + SG * Q4);    // [D]
+  float* colsum = merged + D;                                 // [TPC, NC]
+  float* lse_s = colsum + kThreads;                           // [S]
+  const int tid = threadIdx.x, lane = tid % 32;
+  const bool rotate = p.value_rotation_t != nullptr;
+  if (rotate) {
+    const float* rot = p.value_rotation_t + (pair % p.num_kv_heads) * p.rotation_kv_head_stride + c0;
+    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(rot_s));
+    for (int i = tid; i < D * NC / 4; i += kThreads)
+      cp_async16_if(base + 16 * i, rot + (size_t)(i / (NC / 4)) * D + 4 * (i % (NC / 4)), true);
+    cp_async_commit();
+  }
+  // Wait for the pair's S arrivals (each after its partial and lse were written and fenced).
+  if (tid == 0) {
+    const unsigned* count = p.merge_counters + pair;
+    for (;;) {
+      unsigned seen;
+      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
+      if (seen >= (unsigned)S) break;
+      __nanosleep(32);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  const size_t first = (size_t)pair * S;
+  const float* lse = p.partial_lse2 + first * g;                                                 // [S, g]
+  const float4* po4 = reinterpret_cast<const float4*>(p.partial_out + first * g * D) + h * Q4;  // [S, g, Q4]
+  const int j = tid % Q4, sg = tid / Q4;
+  for (int s = tid; s < S; s += kThreads) lse_s[s] = __ldcg(lse + (size_t)s * g + h);
+  float4 v[U];
+  auto load_round = [&](int r) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int s = sg + SG * (r * U + u);
+      v[u] = s < S ? __ldcg(po4 + (size_t)s * g * Q4 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  load_round(0);
+  // The pair's last merge CTA past the wait re-arms both counters for the next call (while the loads fly).
+  if (tid == 0 && atomicAdd(p.merge_done + pair, 1u) == (unsigned)(K - 1)) {
+    p.merge_counters[pair] = 0u;
+    p.merge_done[pair] = 0u;
+  }
+  __syncthreads();
+  // Split weights exp2(lse_s - max) / sum (every warp computes max and sum itself: no barrier).
+  float mx = -INFINITY;
+  for (int s = lane; s < S; s += 32) mx = fmaxf(mx, lse_s[s]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float sum = 0.f;
+  if (mx != -INFINITY)
+    for (int s = lane; s < S; s += 32) sum += exp2f(lse_s[s] - mx);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int rounds = (S + SG * U - 1) / (SG * U);
+  for (int r = 0;;) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int s = sg + SG * (r * U + u);
+      if (s < S && mx != -INFINITY) fma4(exp2f(lse_s[s] - mx), v[u], acc);
+    }
+    if (++r >= rounds) break;
+    load_round(r);
+  }
+  red[sg * Q4 + j] = acc;
+  __syncthreads();
+  if (tid < Q4) {
+    float4 a = red[tid];
+#pragma unroll
+    for (int k = 1; k < SG; ++k) {
+      const float4 b = red[k * Q4 + tid];
+      a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    reinterpret_cast<float4*>(merged)[tid] = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+  }
+  if (rotate) cp_async_wait<0>();
+  __syncthreads();
+  float* out = p.out + ((size_t)pair * g + h) * D + c0;  // head (b * Hkv + kv) * g + h, columns c0 ..
+  if (!rotate) {
+    for (int c = tid; c < NC; c += kThreads) out[c] = merged[c0 + c];
+    return;
+  }
+  // out[c] = sum_i merged[i] R_V^T[i, c0 + c]: TPC threads per column, row blocks summed in order.
+  const int col = tid % NC, rb = tid / NC;
+  float a = 0.f;
+#pragma unroll 16
+  for (int i = rb * (D / TPC); i < (rb + 1) * (D / TPC); ++i) a = fmaf(merged[i], rot_s[i * NC + col], a);
+  colsum[rb * NC + col] = a;
+  __syncthreads();
+  if (tid < NC) {
+    float o = 0.f;
+#pragma unroll
+    for (int k = 0; k < TPC; ++k) o += colsum[k * NC + tid];
+    out[tid] = o;
+  }
+}
+
 // ---------------------------------------------------------------- kernel
 // Grid (1-D): INT2 CTAs (sequence, KV head, split) first, then BF16 CTAs; block 128 threads;
 // dynamic shared memory smem_bytes<D>().
@@ -788,6 +916,10 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   CtaShared<D>& sh = *reinterpret_cast<CtaShared<D>*>(smem);
   const int g = p.group, S = p.int2_splits + p.bf16_splits;
   const int pairs = p.batch * p.num_kv_heads;
+  if (p.merge_parts > 0 && (int)blockIdx.x >= pairs * S) {  // parallel merge CTAs after the splits
+    merge_cta<D>(p, smem, blockIdx.x - pairs * S);
+    return;
+  }
   const int int2_ctas = HAS_INT2 ? pairs * p.int2_splits : 0;
   const bool int2 = HAS_INT2 && (int)blockIdx.x < int2_ctas;
   int pair, split;
@@ -811,7 +943,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     t_begin = s * p.bf16_chunk;
     t_end = min(len, t_begin + p.bf16_chunk);
   }
-  if (p.merge_counters && p.value_rotation_t && split == 0) {
+  if (p.merge_counters && p.value_rotation_t && p.merge_parts == 0 && split == 0) {
     // The merge reads R_V^T at the very end; fetch it into L2 now, off the critical path.
     const char* rot = reinterpret_cast<const char*>(p.value_rotation_t + kv * p.rotation_kv_head_stride);
     for (int off = threadIdx.x * 128; off < D * D * 4; off += kThreads * 128)
@@ -854,9 +986,13 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     if (c == 0) p.partial_lse2[part * g + h] = den > 0.f ? mx + log2f(den) : -INFINITY;
   }
   if (!p.merge_counters) return;
-  // Last CTA of this (sequence, KV head) merges.
+  // Last CTA of this (sequence, KV head) merges, or the pair's merge CTAs do (parallel merge).
   __threadfence();
   __syncthreads();
+  if (p.merge_parts > 0) {
+    if (threadIdx.x == 0) atomicAdd(p.merge_counters + pair, 1u);
+    return;
+  }
   if (threadIdx.x == 0) is_last = atomicAdd(p.merge_counters + pair, 1u) == (unsigned)(S - 1);
   __syncthreads();
   if (!is_last) return;
@@ -873,7 +1009,7 @@ void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   }();
   (void)configured;
   const int pairs = p.batch * p.num_kv_heads;
-  const unsigned ctas = (unsigned)(pairs * p.splits_total());
+  const unsigned ctas = (unsigned)(pairs * (p.splits_total() + p.merge_parts));
   paged_decode_kernel<D, PAGES><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
 }
 
@@ -906,6 +1042,19 @@ void require(bool ok, const std::string& message) {
 bool fused_merge_fits(int splits_total, int group, int head_dim) {
   const int slices = 4 * kThreads / head_dim;
   const long need = ((((long)splits_total * group + 3) & ~3L) + (1L + slices) * group * head_dim + group) * 4;
+  const long have = head_dim == 64 ? smem_bytes<64>() : head_dim == 128 ? smem_bytes<128>() : smem_bytes<256>();
+  return need <= have;
+}
+
+int parallel_merge_parts(int group, int head_dim) {
+  const int cols = head_dim == 64 ? merge_cols<64>() : head_dim == 128 ? merge_cols<128>() : merge_cols<256>();
+  return group * (head_dim / cols);
+}
+
+bool parallel_merge_fits(int splits_total, int head_dim) {
+  const long need = 4L * (head_dim == 64    ? merge_cta_smem_floats<64>(splits_total)
+                          : head_dim == 128 ? merge_cta_smem_floats<128>(splits_total)
+                                            : merge_cta_smem_floats<256>(splits_total));
   const long have = head_dim == 64 ? smem_bytes<64>() : head_dim == 128 ? smem_bytes<128>() : smem_bytes<256>();
   return need <= have;
 }
@@ -943,10 +1092,22 @@ void check_paged_decode(const PagedDecodeParams& p) {
     require(p.out != nullptr, "fused merge needs an output pointer");
     require(fused_merge_fits(p.splits_total(), p.group, p.head_dim), "too many splits for the fused merge");
   }
+  if (p.merge_parts != 0) {
+    require(p.merge_counters && p.merge_done, "the parallel merge needs its counters");
+    require(p.merge_parts == parallel_merge_parts(p.group, p.head_dim), "merge_parts must be parallel_merge_parts()");
+    require(parallel_merge_fits(p.splits_total(), p.head_dim), "too many splits for the parallel merge");
+  }
 }
 
 void launch_paged_decode(const PagedDecodeParams& p, cudaStream_t stream) {
   check_paged_decode(p);
+  if (p.merge_parts > 0) {  // merge CTAs spin on the splits: the whole grid must be resident at once
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    const long ctas = (long)p.batch * p.num_kv_heads * (p.splits_total() + p.merge_parts);
+    require(ctas <= (long)sms * paged_decode_ctas_per_sm(p.head_dim), "parallel merge grid exceeds one wave");
+  }
   if (p.int2_splits == 0)
     launch_for_dim<Int2Pages::none>(p, stream);
   else if (p.int2_page_size >= 32)

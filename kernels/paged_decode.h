@@ -57,6 +57,13 @@ struct PagedDecodeParams {
   const float* value_rotation_t = nullptr;
   long rotation_kv_head_stride = 0;  // 0: one matrix for every KV head; d*d: one per KV head
   float* out = nullptr;              // [B, Hkv*g, d]
+  // Parallel merge (optional, with merge_counters): merge_parts = parallel_merge_parts(g, d) extra CTAs
+  // per (sequence, KV head) at the end of the grid, each waiting for that pair's splits and merging one
+  // (query head, column block) of the output, instead of the last split CTA merging alone. They spin on
+  // the counters, so every CTA of the launch must be resident at once (parallel_merge_fits and a grid of
+  // at most one wave: the caller checks). merge_done [B, Hkv] zero before the first call, left at zero.
+  int merge_parts = 0;
+  unsigned* merge_done = nullptr;
 };
 
 // Grid: one CTA per (split, KV head, sequence), INT2 CTAs first. CTAs of the INT2 path that fit on one
@@ -65,6 +72,11 @@ int paged_decode_ctas_per_sm(int head_dim);
 // Whether the fused merge's shared-memory scratch (splits_total * g weights, g * d merged outputs,
 // 512 / d row slices of g * d for the un-rotation) fits.
 bool fused_merge_fits(int splits_total, int group, int head_dim);
+
+// Merge CTAs per (sequence, KV head) of the parallel merge: g query heads x (d / columns per CTA).
+int parallel_merge_parts(int group, int head_dim);
+// Whether a parallel merge CTA's shared memory (a column block of R_V^T, splits_total weights) fits.
+bool parallel_merge_fits(int splits_total, int head_dim);
 
 // Throws std::invalid_argument with a clear message on unsupported shapes or bad pointers.
 void check_paged_decode(const PagedDecodeParams& params);

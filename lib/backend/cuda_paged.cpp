@@ -10,6 +10,10 @@
 #include "decode_merge.h"
 #include "paged_decode.h"
 
+#ifndef OSCAR_PARALLEL_SPLIT_COST
+#define OSCAR_PARALLEL_SPLIT_COST 10.0
+#endif
+
 namespace oscar {
 
 void cuda_check(cudaError_t status, const char* what) {
@@ -98,12 +102,26 @@ int cuda_multiprocessor_count() {
   return count;
 }
 
+namespace {
+// Planner cost of one more INT2 split per pair (in tokens) when the parallel merge applies.
+constexpr double kParallelSplitCost = OSCAR_PARALLEL_SPLIT_COST;
+}  // namespace
+
 CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int ctas_per_sm) {
   const auto& g = cache.geometry;
   CudaDecodePlan plan;
   const int per_sm = ctas_per_sm > 0 ? ctas_per_sm : kernels::paged_decode_ctas_per_sm(g.head_dim);
   const long slots = std::max(1L, static_cast<long>(num_sms) * per_sm);
   const long pairs = static_cast<long>(g.batch) * g.num_kv_heads;
+  // The parallel merge (see run) needs the splits, the BF16 splits and its merge CTAs resident at once.
+  const long resident = static_cast<long>(num_sms) * kernels::paged_decode_ctas_per_sm(g.head_dim);
+  const long merge_ctas = pairs * kernels::parallel_merge_parts(g.group, g.head_dim);
+  // BF16 CTAs run last, so none is longer than 1/8 of an INT2 CTA (see below).
+  auto longest_bf16 = [](long int2_chunk) {
+    const long q16 = kernels::kBf16SplitQuantum;
+    return std::max(q16, int2_chunk / 8 / q16 * q16);
+  };
+  bool parallel = false;
   if (cache.max_int2_length > 0) {
     // INT2 splits: minimise (waves of CTAs) x (tokens per CTA + a fixed start-up cost) + a merge cost
     // per split, over chunks that are multiples of the split quantum (costs in tokens).
@@ -121,11 +139,24 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
       const long waves = (pairs * splits + slots - 1) / slots;
       // The merge (last CTA per sequence and KV head) reads every split serially: ~100 tokens' worth
       // of time per split (batch 1 / 100K measured 58.6 us with 32 splits vs 68.9 us with 62).
-      const double cost = static_cast<double>(waves) * (chunk + 384) + 100.0 * splits;
+      double cost = static_cast<double>(waves) * (chunk + 384) + 100.0 * splits;
+      // The parallel merge reads up to 64 splits in one round, so more splits are cheap; then a CTA's
+      // speed depends on how many INT2 CTAs share its multiprocessor (H200, batch 1 / 100K, 0.85 us per
+      // 128-token step with 2, 1.29 with 4: an SM streams 1.32x more with 4, its CTAs run 1.52x
+      // slower; batch 1 / 100K 38.3 / 35.0 / 39.1 us for 40 / 47 / 54 splits of 2560 / 2176 / 1920).
+      const long bf16_splits = cache.max_bf16_length > 0 ? (cache.max_bf16_length + longest_bf16(chunk) - 1) / longest_bf16(chunk) : 0;
+      // (Only where the merge CTAs take at most a quarter of the slots: batch 4 would trade splits for them.)
+      const bool fits = 4 * merge_ctas <= resident && pairs * (splits + bf16_splits) + merge_ctas <= resident;
+      if (fits) {
+        const long per_sm = (pairs * splits + num_sms - 1) / num_sms;
+        const double slowdown = per_sm <= 2 ? 1.0 : 1.0 + 0.26 * static_cast<double>(per_sm - 2);
+        cost = (chunk + 384) * slowdown + kParallelSplitCost * splits;
+      }
       if (plan.int2_splits == 0 || cost < best) {
         best = cost;
         plan.int2_splits = static_cast<int>(splits);
         plan.int2_chunk = static_cast<int>(chunk);
+        parallel = fits;
       }
     }
   }
@@ -136,8 +167,9 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     // 320-token BF16 split 39.5 us, three 36.7 us).
     const long q16 = kernels::kBf16SplitQuantum;
     const long int2_ctas = pairs * plan.int2_splits;
-    const long free_slots = int2_ctas > 0 ? (int2_ctas + slots - 1) / slots * slots - int2_ctas : slots;
-    const long longest = std::max(q16, plan.int2_chunk / 8 / q16 * q16);
+    long free_slots = int2_ctas > 0 ? (int2_ctas + slots - 1) / slots * slots - int2_ctas : slots;
+    if (parallel) free_slots = std::min(free_slots, resident - int2_ctas - merge_ctas);
+    const long longest = longest_bf16(plan.int2_chunk);
     const long min_splits = int2_ctas > 0 ? (cache.max_bf16_length + longest - 1) / longest : 1;
     plan.bf16_chunk = kernels::choose_split_chunk(cache.max_bf16_length, g.batch, g.num_kv_heads,
                                                   static_cast<int>(std::max(free_slots, pairs * min_splits)), q16);
@@ -159,9 +191,14 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
               cache.int2_metadata.size() / 4);
   const size_t pairs = static_cast<size_t>(g.batch) * g.num_kv_heads;
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim);
-  if (fused && counters_.size() < pairs) {
-    counters_.resize(pairs);
-    cuda_check(cudaMemsetAsync(counters_.get(), 0, pairs * sizeof(unsigned), stream), "cudaMemsetAsync");
+  // Parallel merge: when its CTAs and all splits are resident at once (they wait on the splits).
+  const int merge_parts = kernels::parallel_merge_parts(g.group, g.head_dim);
+  const bool parallel = fused && plan.parallel_merge && kernels::parallel_merge_fits(plan.splits_total(), g.head_dim) &&
+                        static_cast<long>(pairs) * (plan.splits_total() + merge_parts) <=
+                            static_cast<long>(cuda_multiprocessor_count()) * kernels::paged_decode_ctas_per_sm(g.head_dim);
+  if (fused && counters_.size() < 2 * pairs) {  // [pairs] arrivals, [pairs] parallel-merge done counts
+    counters_.resize(2 * pairs);
+    cuda_check(cudaMemsetAsync(counters_.get(), 0, 2 * pairs * sizeof(unsigned), stream), "cudaMemsetAsync");
   }
   kernels::PagedDecodeParams p;
   p.batch = g.batch;
@@ -191,6 +228,7 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   p.partial_lse2 = partial_lse2_.get();
   if (fused) {  // one launch: the last CTA of each (sequence, KV head) merges and un-rotates
     p.merge_counters = counters_.get();
+    if (parallel) p.merge_parts = merge_parts, p.merge_done = counters_.get() + pairs;
     p.value_rotation_t = value_rotation_t;
     p.out = out;
     try {

@@ -81,18 +81,21 @@ size_t paged_cache_device_bytes(const PagedCacheGeometry& geometry, const std::v
 
 // Splits of each tier (0 splits if a tier is empty). INT2: the split count that minimises waves x
 // tokens per CTA for ctas_per_sm resident CTAs per multiprocessor (<= 0: the kernel's occupancy), with
-// at most 12K tokens per CTA; BF16: as many CTAs as the INT2 CTAs' last wave leaves slots free (about
-// ctas_per_sm * SMs without INT2 tokens), at least one per (sequence, KV head), each at most 1/8 of an
-// INT2 CTA's tokens.
+// at most 12K tokens per CTA, plus a merge cost per split (lower where the parallel merge applies);
+// BF16: as many CTAs as the INT2 CTAs' last wave leaves slots free (about ctas_per_sm * SMs without
+// INT2 tokens), at least one per (sequence, KV head), each at most 1/8 of an INT2 CTA's tokens.
 struct CudaDecodePlan {
   int int2_splits = 0, int2_chunk = 128, bf16_splits = 0, bf16_chunk = 128;
+  // Merge by parallel merge CTAs when the whole grid is resident at once (small batches), else by the
+  // last split CTA of each (sequence, KV head); false forces the latter.
+  bool parallel_merge = true;
   int splits_total() const { return int2_splits + bf16_splits; }
 };
 CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int ctas_per_sm = 0);
 int cuda_multiprocessor_count();
 
-// Runs decode on stream: one launch (split-K partials, the last CTA of each (sequence, KV head) merges
-// and un-rotates) or, when the splits do not fit the fused merge's scratch, two (partials, then
+// Runs decode on stream: one launch (split-K partials, merged and un-rotated by the pair's parallel
+// merge CTAs in the same grid or by the last CTA of each (sequence, KV head)) or, when the splits do not fit the fused merge's scratch, two (partials, then
 // decode_merge). queries and out are device pointers [B, Hq, d]; value_rotation_t is R_V^T [d, d] on
 // the device or null. INT2 pages must be a power of two >= 16 tokens.
 class CudaPagedDecoder {

@@ -29,6 +29,7 @@ struct DecodeCase {
   bool rotate = true;
   std::string label;
   int force_int2_chunk = 0;  // > 0: bypass the planner (e.g. more splits than the fused merge holds)
+  bool parallel_merge = true;  // false: the last split CTA merges even where merge CTAs would fit
 };
 
 HostPagedCache random_cache(const DecodeCase& c, uint64_t seed) {
@@ -91,6 +92,7 @@ void run_case(const DecodeCase& c) {
     plan.int2_chunk = c.force_int2_chunk;
     plan.int2_splits = (dev.max_int2_length + plan.int2_chunk - 1) / plan.int2_chunk;
   }
+  plan.parallel_merge = c.parallel_merge;
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, d);
   ::testing::Test::RecordProperty("fused_merge", fused ? "yes" : "no");
   decoder.run(dev, plan, dq.get(), static_cast<float>(scale), c.rotate ? drot.get() : nullptr, dout.get());
@@ -139,6 +141,23 @@ TEST(PagedDecode, SmallestSplitsAndRepeatedCalls) {
   DecodeCase c{128, 8, 2, {129, 1000, 3}, {0, 40, 64}, 16, 32, 4, true, "128-token splits, g=8"};
   c.force_int2_chunk = 128;
   run_case(c);
+}
+
+TEST(PagedDecode, ParallelMergeRoundsAndLastCtaMerge) {
+  // Small grids merge in parallel merge CTAs: splits beyond one round of their loads (64 at d = 128, 128
+  // at d = 64, 32 at d = 256), and the same small cases merged by the last split CTA instead.
+  for (int d : {64, 128, 256}) {
+    DecodeCase c{d, 8, 1, {20000}, {300}, 64, 64, 4, true, "parallel merge, 157 + 3 splits, d=" + std::to_string(d)};
+    c.force_int2_chunk = 128;
+    run_case(c);
+  }
+  for (int d : {64, 128, 256})
+    for (bool parallel : {true, false}) {
+      DecodeCase c{d, 8, 2, {5000}, {320}, 64, 64, 4, true,
+                   std::string(parallel ? "parallel" : "last-CTA") + " merge, d=" + std::to_string(d)};
+      c.parallel_merge = parallel;
+      run_case(c);
+    }
 }
 
 TEST(PagedDecode, UnfusedMergeForManySplits) {
