@@ -36,7 +36,6 @@ struct BlockRead {
   int layer;
   int64_t first, count;
   bool with_queries;
-  bool reuses_previous = false;  // the same rows as the read before it (a layer of one block): kept, not read
 };
 
 // The blocks of the whole run, read in the order the accumulation uses them (layer by layer, pass by
@@ -59,8 +58,7 @@ class BlockPipeline {
   void step(int items, const std::function<void(int, int)>& compute) {
     StoredBlockRead decoding = std::move(next_plan_), planned;
     next_plan_ = StoredBlockRead();
-    const bool keep = index_ < reads_.size() && reads_[index_].reuses_previous;
-    if (index_ < reads_.size() && !keep) decoding.bind(spare_);  // HDF5-only datasets are read here
+    if (index_ < reads_.size()) decoding.bind(spare_);  // HDF5-only datasets are read here
     const BlockRead* after = index_ + 1 < reads_.size() ? &reads_[index_ + 1] : nullptr;
     std::exception_ptr plan_error;
     const int decodes = decoding.tasks();
@@ -80,13 +78,12 @@ class BlockPipeline {
     });
     if (plan_error) std::rethrow_exception(plan_error);
     next_plan_ = std::move(planned);
-    if (!keep) std::swap(block_, spare_);
+    std::swap(block_, spare_);
     ++index_;
   }
 
  private:
   static StoredBlockRead plan(const BlockRead& r) {
-    if (r.reuses_previous) return StoredBlockRead();  // nothing to decode
     return r.reader->plan_stored(r.layer, r.first, r.count, r.with_queries);
   }
   std::vector<BlockRead> reads_;
@@ -180,12 +177,6 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
       for (const auto& r : readers)
         for (int64_t first = 0; first < r->info().tokens; first += block_tokens)
           reads.push_back({r.get(), layer, first, std::min(block_tokens, r->info().tokens - first), with_queries});
-  // Pass 2 of a layer that is one block (one dump, tokens <= block) uses the K and V pass 1 read.
-  for (size_t i = 1; i < reads.size(); ++i) {
-    const BlockRead &a = reads[i - 1], &b = reads[i];
-    reads[i].reuses_previous = !b.with_queries && a.reader == b.reader && a.layer == b.layer && a.first == b.first &&
-                               a.count == b.count;
-  }
   BlockPipeline pipeline(std::move(reads), threads);
   const StoredActivations& block = pipeline.block();
   // Widens rows [first, first + count) of one head of the block; a non-finite value is an error

@@ -82,14 +82,12 @@ ReportTable run_calibration_benchmark(const std::string& dump_path, const Calibr
                                           g.num_q_heads, g.num_kv_heads, d);
 
   // Reading alone: the blocks of both passes (with and without queries), decoded as the accumulation
-  // decodes them, with no computation; shows what the dump's storage (compressed or not) costs. A
-  // layer of one block is read once: the accumulation keeps its K and V for pass 2.
+  // decodes them, with no computation; shows what the dump's storage (compressed or not) costs.
   start = std::chrono::steady_clock::now();
   StoredActivations block;
-  const int64_t tokens = probe.info().tokens;
   for (int layer : probe.info().layers)
     for (bool with_queries : {true, false})
-      for (int64_t first = 0; first < tokens && (with_queries || tokens > block_tokens); first += block_tokens)
+      for (int64_t first = 0; first < probe.info().tokens; first += block_tokens)
         probe.read_stored_into(block, layer, first, std::min(block_tokens, probe.info().tokens - first),
                                with_queries, threads);
   const double read_seconds = seconds_since(start);
