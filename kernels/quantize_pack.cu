@@ -1,10 +1,11 @@
 // Rotate-clip-quantise-pack kernels (see quantize_pack.h). With the clip threshold among the 16
 // largest magnitudes (clip ratio >= 1 - 16/d): one thread per row (below), x.R (if any) on tensor
-// cores first (fp16 split with power-of-two scaling for d <= 128, 3xTF32 for d = 256). Otherwise: CTA = 8 warps, 32 rows. With a rotation the
-// CTA first computes its [32, d] tile of x.R through shared memory (fp32 FMA); then each warp
-// quantises 4 rows: a lane holds channels lane + 32k. The clip threshold is found exactly by removing
-// extremes one at a time; every division and addition uses the _rn intrinsics (the library is built
-// with --use_fast_math) so codes and metadata match the CPU quantiser bit for bit.
+// cores first (fp16 split with power-of-two scaling for d <= 128, 3xTF32 for d = 256). Otherwise: CTA
+// = 8 warps, 32 rows. With a rotation the CTA first computes its [32, d] tile of x.R through shared
+// memory (fp32 FMA); then each warp quantises 4 rows: a lane holds channels lane + 32k. The clip
+// threshold is found exactly by removing extremes one at a time; every division and addition uses the
+// _rn intrinsics (the library is built with --use_fast_math) so codes and metadata match the CPU
+// quantiser bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -215,9 +216,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
-// Quantises row `row` of the batch from its fp32 values x[0..D) in shared memory (thread per row).
+// Quantises row `row` of the batch from its fp32 values x[0..D) in shared memory (thread per row): the
+// plain form, one division per value. quantize_row_thread (below) takes it for the rare rows whose
+// code thresholds it cannot express; the two agree bit for bit.
 template <int D, int KMAX>
-__device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p, const float* x, long row, int k_top) {
+__device__ __forceinline__ void quantize_row_thread_plain(const QuantizePackParams& p, const float* x, long row, int k_top) {
   constexpr int Q = D / 4;
   // (1) min / max of the row and, when clipping, the top-KMAX magnitudes (descending; -1 = empty) by
   // a branch-free insertion (the 32 rows of a warp would diverge anyway): 2 KMAX + 2 ops per value.
@@ -275,6 +278,199 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
       packed[byte / 4] += (uint32_t)code << (8 * (byte % 4) + 2 * (ch / Q));
     }
   }
+  const long dst = p.destination_rows ? p.destination_rows[row] : row;
+  uint8_t* out = p.codes + dst * Q;
+#pragma unroll
+  for (int w = 0; w < Q / 4; w += 4)
+    *reinterpret_cast<uint4*>(out + 4 * w) = make_uint4(packed[w], packed[w + 1], packed[w + 2], packed[w + 3]);
+  float* meta = p.metadata_out + dst * p.metadata_stride + p.metadata_offset;
+  meta[0] = scale;
+  meta[1] = zero;
+}
+
+template <int D, int KMAX>
+__device__ __noinline__ void quantize_row_thread_fallback(const QuantizePackParams& p, const float* x, long row, int k_top) {
+  quantize_row_thread_plain<D, KMAX>(p, x, row, k_top);
+}
+
+// ---------------------------------------------------------------- thread-per-row quantiser, fewer instructions
+// The same codes and metadata as quantize_row_thread_plain, with far fewer instructions per value
+// (the rotated kernel is bound by instruction issue, the top-K network on the half-rate ALU pipe first):
+// - min / max and the clip threshold: each group of 8 values gives its min and max (the row's min /
+//   max follow, and the group's largest |x| = max(max, -min)); the K-th largest of the D/8 group
+//   maxima is a lower bound on tau (K groups hold values at or above it), so every value >= tau lies
+//   in a group whose maximum reaches the bound: tau is the K-th largest |x| of those groups alone
+//   (usually K of them), found with the same insertion network. Exact by construction.
+// - codes: the code is a non-decreasing function of v (clip, a correctly rounded division, two
+//   rounded additions, floor, clamp), so code(v) >= j iff v >= T_j for the smallest such float T_j.
+//   T_j is found per row by inverting the three roundings one at a time (in double, where each
+//   boundary is exact or within one float step) and checked against the code itself at T_j and at the
+//   float below it. Then, with p the float below T_j (no value lies strictly between, values being
+//   normal or zero), saturate(v / (T_j - p) - p / (T_j - p)) is exactly [v >= T_j]: one FFMA with
+//   saturation per threshold, three per value, and the sum is packed with FFMA too (fp32 pipe, not
+//   the ALU). Rows whose thresholds sit in the subnormal range (or fail the check) take the plain path.
+__device__ __forceinline__ float float_pred(float x) {  // the next float below x (-0 and +0 are one point)
+  const int b = __float_as_int(x);
+  return x == 0.f ? __int_as_float(0x80000001) : __int_as_float(b > 0 ? b - 1 : b + 1);
+}
+__device__ __forceinline__ float float_succ(float x) {  // the next float above x
+  const int b = __float_as_int(x);
+  return x == 0.f ? __int_as_float(1) : __int_as_float(b > 0 ? b + 1 : b - 1);
+}
+
+// saturate(RN(a b + c)) in one FFMA.SAT (the intrinsics would not fuse the saturation).
+__device__ __forceinline__ float fma_saturate(float a, float b, float c) {
+  float d;
+  asm("fma.rn.ftz.sat.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+  return d;
+}
+
+// The code of one value, exactly as quantize_row_thread_plain computes it (clip at tau; INFINITY: none).
+__device__ __forceinline__ int code_of(float v, float tau, float scale, float r, float zero) {
+  const float a = fminf(fmaxf(v, -tau), tau);
+  const float q0 = __fmul_rn(a, r);
+  const float q = __fmaf_rn(__fmaf_rn(-q0, scale, a), r, q0);
+  const int code = __float2int_rd(__fadd_rn(__fadd_rn(q, zero), 0.5f));
+  return min(max(code, 0), 3);
+}
+
+// (b[j-1], c[j-1]) with saturate(v b + c) = 1 iff code_of(v) >= j (j = 1, 2, 3), for every row value v
+// (code_low / code_high: the codes of the row's min / max); false if a threshold cannot be expressed so
+// (the caller takes the plain path). The three are independent chains, computed side by side.
+__device__ __forceinline__ bool code_thresholds(float tau, float scale, float r, float zero, int code_low, int code_high,
+                                                float (&b)[3], float (&c)[3]) {
+  // code >= j iff w = RN(q + zero) >= W_j = 0.5 - 2^-25, 1.5, 2.5 (floor(RN(w + 0.5)) >= j), so iff
+  // q + zero >= the midpoint below W_j (a tie rounds to even: W_1 is odd, W_2 and W_3 even).
+  constexpr double kMidBelowW[3] = {0.5 - 3 * 0x1p-26, 1.5 - 0x1p-24, 2.5 - 0x1p-23};
+  constexpr bool kWOdd[3] = {true, false, false};
+  const double zero_d = zero, scale_d = scale;
+  bool ok = true;
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const int j = i + 1;
+    // The smallest float q reaching it, then the smallest v with RN(v / scale) >= q: v / scale >= the
+    // midpoint below q (exact in double).
+    const double q_real = kMidBelowW[i] - zero_d;
+    float q = __double2float_ru(q_real);
+    if (kWOdd[i] && (double)q == q_real) q = float_succ(q);
+    const double v_real = 0.5 * ((double)float_pred(q) + (double)q) * scale_d;
+    float t = __double2float_ru(v_real);
+    if ((__float_as_int(q) & 1) && (double)t == v_real) t = float_succ(t);
+    // The exact check at t and at the float below it, with one float step of slack either way (a
+    // boundary rounded in double, or a flushed subnormal).
+    float below = float_pred(t);
+    int code_t = code_of(t, tau, scale, r, zero), code_below = code_of(below, tau, scale, r, zero);
+    if (code_t < j) {
+      below = t, code_below = code_t, t = float_succ(t);
+      code_t = code_of(t, tau, scale, r, zero);
+    } else if (code_below >= j) {
+      t = below, code_t = code_below, below = float_pred(t);
+      code_below = code_of(below, tau, scale, r, zero);
+    }
+    if (t == 0.f) below = -0x1p-126f, code_below = code_of(below, tau, scale, r, zero);  // no row value between
+    const float step = __fsub_rn(t, below);  // a power of two (exact unless flushed)
+    const bool exact = (fabsf(t) >= 0x1p-125f || t == 0.f) && code_t >= j && code_below < j && step >= 0x1p-126f;
+    b[i] = __int_as_float(0x7f000000 - __float_as_int(step));  // 1 / step
+    c[i] = __fmul_rn(-below, b[i]);  // an integer below 2^25: (v - below) b is exact in the FFMA
+    if (code_low >= j) b[i] = 0.f, c[i] = 1.f;        // every value
+    else if (code_high < j) b[i] = 0.f, c[i] = -1.f;  // none
+    else ok = ok && exact;
+  }
+  return ok;
+}
+
+template <int D, int KMAX>
+__device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p, const float* x, long row, int k_top) {
+  constexpr int Q = D / 4, G = D / 8;
+  // (1) min / max and the group maxima of |x|.
+  float lo, hi, group_abs[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const float4 a = *reinterpret_cast<const float4*>(x + 8 * g);
+    const float4 b = *reinterpret_cast<const float4*>(x + 8 * g + 4);
+    const float gmax = fmaxf(fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)), fmaxf(fmaxf(b.x, b.y), fmaxf(b.z, b.w)));
+    const float gmin = fminf(fminf(fminf(a.x, a.y), fminf(a.z, a.w)), fminf(fminf(b.x, b.y), fminf(b.z, b.w)));
+    lo = g == 0 ? gmin : fminf(lo, gmin);
+    hi = g == 0 ? gmax : fmaxf(hi, gmax);
+    group_abs[g] = fmaxf(gmax, -gmin);
+  }
+  float tau = INFINITY;
+  if constexpr (KMAX > 0) {
+    // Top-KMAX magnitudes (descending; -1 = empty) by a branch-free insertion network.
+    float best[KMAX];
+    auto insert = [&](float t) {
+#pragma unroll
+      for (int i = 0; i < KMAX; ++i) {
+        const float b_hi = fmaxf(best[i], t), b_lo = fminf(best[i], t);
+        best[i] = b_hi, t = b_lo;
+      }
+    };
+    auto kth = [&] {  // best[k_top - 1] without a run-time index
+      float v = INFINITY;
+#pragma unroll
+      for (int i = 0; i < KMAX; ++i) v = fminf(v, i < k_top ? best[i] : INFINITY);
+      return v;
+    };
+#pragma unroll
+    for (int i = 0; i < KMAX; ++i) best[i] = -1.f;
+#pragma unroll
+    for (int g = 0; g < G; ++g) insert(group_abs[g]);
+    const float bound = kth();  // <= tau
+    unsigned groups = 0;
+#pragma unroll
+    for (int g = 0; g < G; ++g) groups |= (group_abs[g] >= bound ? 1u : 0u) << g;
+#pragma unroll
+    for (int i = 0; i < KMAX; ++i) best[i] = -1.f;
+    while (groups) {
+      const int g = __ffs(groups) - 1;
+      groups &= groups - 1;
+      const float4 a = *reinterpret_cast<const float4*>(x + 8 * g);
+      const float4 b = *reinterpret_cast<const float4*>(x + 8 * g + 4);
+      insert(fabsf(a.x)), insert(fabsf(a.y)), insert(fabsf(a.z)), insert(fabsf(a.w));
+      insert(fabsf(b.x)), insert(fabsf(b.y)), insert(fabsf(b.z)), insert(fabsf(b.w));
+    }
+    tau = kth();
+  }
+  auto clip = [&](float v) { return KMAX > 0 ? fminf(fmaxf(v, -tau), tau) : v; };
+  float mn = clip(lo), mx = clip(hi);
+  if (mn == 0.f || mx == 0.f) {  // std::min / std::max keep the first of equal values: the sign of a zero
+    mn = mx = clip(x[0]);
+    for (int c = 1; c < D; ++c) mn = first_min(mn, clip(x[c])), mx = first_max(mx, clip(x[c]));
+  }
+  const float scale = group_scale(mn, mx, p.metadata);
+  const float zero = round_metadata(__fdiv_rn(-mn, scale), p.metadata);
+  const float r = __frcp_rn(scale);
+  // (2) the three code thresholds, then codes = the number of thresholds reached.
+  const int code_low = code_of(lo, tau, scale, r, zero), code_high = code_of(hi, tau, scale, r, zero);
+  float tb[3], tc[3];
+  if (!code_thresholds(tau, scale, r, zero, code_low, code_high, tb, tc)) {
+    quantize_row_thread_fallback<D, KMAX>(p, x, row, k_top);
+    return;
+  }
+  const float b1 = tb[0], c1 = tc[0], b2 = tb[1], c2 = tc[1], b3 = tb[2], c3 = tc[2];
+  // Channel c -> byte c % Q, bits 2 (c / Q); two bytes per float accumulator (exact integers < 2^16).
+  float byte_pairs[Q / 2];
+#pragma unroll
+  for (int h = 0; h < Q / 2; ++h) byte_pairs[h] = 0.f;
+#pragma unroll
+  for (int c = 0; c < D; c += 4) {
+    const float4 v4 = *reinterpret_cast<const float4*>(x + c);
+    const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int ch = c + e, byte = ch % Q;
+      const float weight = (float)(1u << (8 * (byte % 2) + 2 * (ch / Q)));
+      float& acc = byte_pairs[byte / 2];  // exact small integers: plain arithmetic may fold the weights
+      acc = fmaf(fma_saturate(v[e], b1, c1), weight, acc);
+      acc = fmaf(fma_saturate(v[e], b2, c2), weight, acc);
+      acc = fmaf(fma_saturate(v[e], b3, c3), weight, acc);
+    }
+  }
+  uint32_t packed[Q / 4];
+#pragma unroll
+  for (int w = 0; w < Q / 4; ++w)  // acc + 2^23 holds acc in its low 16 bits
+    packed[w] = __byte_perm(__float_as_uint(__fadd_rn(byte_pairs[2 * w], 0x1p23f)),
+                            __float_as_uint(__fadd_rn(byte_pairs[2 * w + 1], 0x1p23f)), 0x5410);
   const long dst = p.destination_rows ? p.destination_rows[row] : row;
   uint8_t* out = p.codes + dst * Q;
 #pragma unroll
@@ -397,28 +593,33 @@ __global__ void __launch_bounds__(D) quantize_rows_rotated_kernel(const Quantize
     }
   __syncthreads();
   if ((int)threadIdx.x >= rows) return;
-  quantize_row_thread<D, KMAX>(p, tile + threadIdx.x * XS, row0 + threadIdx.x, k_top);
+  // The plain quantiser: here only 64 of the D threads quantise, so the latency of the per-row
+  // threshold search would not be hidden (measured: 3832 instead of 3388 us at d = 256).
+  quantize_row_thread_plain<D, KMAX>(p, tile + threadIdx.x * XS, row0 + threadIdx.x, k_top);
 }
 
 // ---------------------------------------------------------------- rotated path: fp16 split, warp pipelines
 // d <= 128. Persistent CTAs (one per SM at d = 128, two at d = 64) convert R once: each column is scaled by a power of two 2^c_n
-// (max |R[:, n]| in [2^13, 2^14)) and split as R = R_hi + R_lo, both fp16 (R_lo the fp16 of the exact
-// fp32 remainder), stored in the B-fragment order of mma.sync m16n8k16 (one 16-byte load per lane,
-// k-step and n-tile). Then every warp runs its own pipeline over 32-row tiles, with no CTA barrier:
-// cp.async of the [32, d] tile; each lane scales its row by a power of two 2^r_i (max |x_i| in
-// [2^13, 2^14)) and splits it in place the same way (each float4 of k 4j..4j+3 becomes the fp16 pairs
-// hi(k, k+1), hi(k+2, k+3), lo(k, k+1), lo(k+2, k+3): the A-fragment registers of those k); x.R =
-// hi.hi + hi.lo + lo.hi with fp32 accumulation (the lo.lo term and the rounding of the lo parts are
-// ~2^-22 relative; fp16 range problems are scaled away, no orthogonality assumed), scaled back exactly
-// by 2^-r_i 2^-c_n into the tile; then each lane quantises its row (quantize_row_thread). Independent
-// warps overlap one another's loads, tensor-core work and quantiser (the quantiser needs many rows in
-// flight: with CTA-wide phases it ran on a quarter of the warps and took half the time).
+// (max |R[:, n]| in [2^13, 2^14); when all c_n lie within 7 of one another, every column takes the
+// smallest) and split as R = R_hi + R_lo, both fp16 (R_lo the fp16 of the exact fp32 remainder),
+// stored in the B-fragment order of mma.sync m16n8k16 (one 16-byte load per lane, k-step and n-tile).
+// Then every warp runs its own pipeline over 32-row tiles, with no CTA barrier: cp.async of the
+// [32, d] tile; each row is scaled by a power of two 2^r_i (sum |x_i| in [2^13, 2^14), so max |x_i| in
+// [2^6, 2^14)) and split in place the same way, written as the A fragments themselves (see the split
+// below); x.R = hi.hi + hi.lo + lo.hi with fp32 accumulation (the lo.lo term and the rounding of the lo
+// parts are ~2^-22 relative; fp16 range problems are scaled away, no orthogonality assumed), scaled
+// back exactly by 2^-r_i 2^-c_n (one multiplication when the column shifts are one) into the tile;
+// then each lane quantises its row (quantize_row_thread). Independent warps overlap one another's
+// loads, tensor-core work and quantiser (the quantiser needs many rows in flight: with CTA-wide phases
+// it ran on a quarter of the warps and took half the time).
 // Bank conflicts: the k order inside a k-step is free (A and B permuted alike): lane (g, t) reads k
-// 4t..4t+3 of its two rows with one 16-byte load each, and fragment row g is tile row
+// 4t..4t+3 of its row pair with one 16-byte load for hi and one for lo, and fragment row g is tile row
 // rho(g) = g / 2 + 4 (g % 2) (also free), so 8 consecutive lanes hit 8 distinct 16-byte bank groups
 // with the row stride of d + 4 floats (which the thread-per-row passes need).
 constexpr int kWarpRows = 32;    // rows per warp tile
-constexpr int kSplitWarps = 8;   // warps per CTA (d = 128: one CTA per SM)
+// Warps per CTA (d = 128: one CTA per SM; shared memory would hold 9 warps, but 9 leave one scheduler
+// with 3 of them and the others with 2: measured 543 against 451 us).
+constexpr int kSplitWarps = 8;
 
 template <int D>
 constexpr int split_smem_bytes() {
@@ -450,12 +651,21 @@ __device__ __forceinline__ void split_fp16x2(float a, float b, float scale, uint
 template <int D>
 __device__ __forceinline__ void load_warp_tile(const QuantizePackParams& p, float* tile, long row0, int lane) {
   constexpr int XS = D + 4;
+  static_assert(D / 4 <= 32 && 32 % (D / 4) == 0, "a row is a whole number of 16-byte pieces per warp");
+  constexpr int kRowStep = 32 / (D / 4);  // rows per pass of the warp
   const int rows = (int)min((long)kWarpRows, p.rows - row0);
-  for (int r = 0; r < kWarpRows; ++r)
-    for (int c = lane; c < D / 4; c += 32) {
-      if (r < rows) cp_async16(tile + r * XS + 4 * c, p.input + (row0 + r) * D + 4 * c);
-      else *reinterpret_cast<float4*>(tile + r * XS + 4 * c) = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int c = 4 * (lane % (D / 4)), r0 = lane / (D / 4);
+  float* dst = tile + r0 * XS + c;
+  const float* src = p.input + (row0 + r0) * D + c;
+  if (rows == kWarpRows) {
+#pragma unroll
+    for (int r = 0; r < kWarpRows; r += kRowStep) cp_async16(dst + r * XS, src + r * D);
+  } else {
+    for (int r = 0; r < kWarpRows; r += kRowStep) {
+      if (r0 + r < rows) cp_async16(dst + r * XS, src + r * D);
+      else *reinterpret_cast<float4*>(dst + r * XS) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
+  }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
@@ -474,13 +684,31 @@ __global__ void __launch_bounds__(kSplitWarps * 32, D == 64 ? 2 : 1) quantize_ro
   const long stride = (long)gridDim.x * kSplitWarps;
   long tile_index = (long)blockIdx.x * kSplitWarps + warp;
   if (tile_index < tiles) load_warp_tile<D>(p, tile, tile_index * kWarpRows, lane);  // overlaps the split of R
-  for (int n = threadIdx.x; n < D; n += THREADS) {
+  // Column shifts. When they all lie within 2^7 of one another (any R of similar columns, e.g.
+  // orthogonal), every column takes the smallest one (column maxima scaled into [2^6, 2^14): the lo
+  // parts keep their precision as for the rows), so that the result needs one multiplication by
+  // 2^-(r_i + c) instead of two.
+  __shared__ int shift_min, shift_max;
+  if (threadIdx.x == 0) shift_min = 1000, shift_max = -1000;
+  __syncthreads();
+  static_assert(D <= THREADS, "one column per thread");
+  int shift = 0;
+  if (threadIdx.x < D) {
+    const int n = threadIdx.x;
     float m = 0.f;
 #pragma unroll 8
     for (int k = 0; k < D; ++k) m = fmaxf(m, fabsf(__ldg(p.rotation + (size_t)k * D + n)));
-    const int s = fp16_range_shift(m);
-    col_scale[n] = exp2_int(s);
-    col_inverse[n] = exp2_int(-s);
+    shift = fp16_range_shift(m);
+    atomicMin(&shift_min, shift);
+    atomicMax(&shift_max, shift);
+  }
+  __syncthreads();
+  const bool uniform_columns = shift_max - shift_min <= 7;
+  const int column_shift = shift_min;  // the shift of every column when uniform_columns
+  if (threadIdx.x < D) {
+    if (uniform_columns) shift = column_shift;
+    col_scale[threadIdx.x] = exp2_int(shift);
+    col_inverse[threadIdx.x] = exp2_int(-shift);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < KSTEPS * NTILES * 32; i += THREADS) {
@@ -501,25 +729,47 @@ __global__ void __launch_bounds__(kSplitWarps * 32, D == 64 ? 2 : 1) quantize_ro
     const int rows = (int)min((long)kWarpRows, p.rows - row0);
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncwarp();
-    float inverse;  // 2^-r of this lane's row
+    // Lane (j + 8 m + 16 h) splits columns [h D/2, (h + 1) D/2) of the row pair (16 m + j, 16 m + j + 8)
+    // (the two rows of one A fragment): each 4 columns of both rows become the 16-byte hi fragment
+    // {a0, a1, a2, a3} = hi(upper: k, k+1), hi(lower: k, k+1), hi(upper: k+2, k+3), hi(lower: k+2, k+3),
+    // stored in place of the upper row's 4 values, and the lo fragment in place of the lower row's, so
+    // the mma loads each operand with one 16-byte load straight into its registers (no moves).
+    // Row scale: from the sum of |x| (fp32 pipe) instead of the maximum: max |x| 2^r lands in [2^6, 2^14).
+    float inverse_upper, inverse_lower;  // 2^-r of this lane's two rows (2^-(r + c): uniform columns)
     {
-      float* x = tile + lane * XS;
-      float m = 0.f;
+      const int j = lane % 8, m = (lane / 8) % 2, h = lane / 16;
+      float* upper = tile + (16 * m + j) * XS + h * (D / 2);
+      float* lower = upper + 8 * XS;
+      float su = 0.f, sl = 0.f;
 #pragma unroll 8
-      for (int c = 0; c < D; c += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(x + c);
-        m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+      for (int c = 0; c < D / 2; c += 4) {
+        const float4 u = *reinterpret_cast<const float4*>(upper + c);
+        const float4 v = *reinterpret_cast<const float4*>(lower + c);
+        su += fabsf(u.x) + fabsf(u.y) + fabsf(u.z) + fabsf(u.w);
+        sl += fabsf(v.x) + fabsf(v.y) + fabsf(v.z) + fabsf(v.w);
       }
-      const int s = fp16_range_shift(m);
-      const float scale = exp2_int(s);
-      inverse = exp2_int(-s);
+      su += __shfl_xor_sync(0xffffffffu, su, 16);
+      sl += __shfl_xor_sync(0xffffffffu, sl, 16);
+      int ru = fp16_range_shift(su), rl = fp16_range_shift(sl);
+      if (uniform_columns) {  // 2^-(r + c) must be a normal float: r + c <= 126 (tiny rows scale less)
+        ru = min(ru, 126 - column_shift), rl = min(rl, 126 - column_shift);
+        inverse_upper = exp2_int(min(-(ru + column_shift), 127));  // (127: the result overflows anyway)
+        inverse_lower = exp2_int(min(-(rl + column_shift), 127));
+      } else {
+        inverse_upper = exp2_int(-ru), inverse_lower = exp2_int(-rl);
+      }
+      const float scale_upper = exp2_int(ru), scale_lower = exp2_int(rl);
 #pragma unroll 8
-      for (int c = 0; c < D; c += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(x + c);
-        uint4 f;
-        split_fp16x2(v.x, v.y, scale, f.x, f.z);
-        split_fp16x2(v.z, v.w, scale, f.y, f.w);
-        *reinterpret_cast<uint4*>(x + c) = f;
+      for (int c = 0; c < D / 2; c += 4) {
+        const float4 u = *reinterpret_cast<const float4*>(upper + c);
+        const float4 v = *reinterpret_cast<const float4*>(lower + c);
+        uint4 fhi, flo;
+        split_fp16x2(u.x, u.y, scale_upper, fhi.x, flo.x);
+        split_fp16x2(v.x, v.y, scale_lower, fhi.y, flo.y);
+        split_fp16x2(u.z, u.w, scale_upper, fhi.z, flo.z);
+        split_fp16x2(v.z, v.w, scale_lower, fhi.w, flo.w);
+        *reinterpret_cast<uint4*>(upper + c) = fhi;
+        *reinterpret_cast<uint4*>(lower + c) = flo;
       }
     }
     __syncwarp();
@@ -530,50 +780,55 @@ __global__ void __launch_bounds__(kSplitWarps * 32, D == 64 ? 2 : 1) quantize_ro
       for (int n = 0; n < NTILES; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
-#pragma unroll 1
+#pragma unroll (D == 128 ? 2 : 1)  // d = 64: spills at 128 registers
     for (int ks = 0; ks < KSTEPS; ++ks) {
-      uint32_t a_hi[2][4], a_lo[2][4];
+      uint4 a_hi[2], a_lo[2];
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         const float* a = tile + (16 * m + rho) * XS + 16 * ks + 4 * t;
-        const uint4 u = *reinterpret_cast<const uint4*>(a);           // row rho (split)
-        const uint4 v = *reinterpret_cast<const uint4*>(a + 8 * XS);  // row rho + 8
-        a_hi[m][0] = u.x, a_hi[m][2] = u.y, a_lo[m][0] = u.z, a_lo[m][2] = u.w;
-        a_hi[m][1] = v.x, a_hi[m][3] = v.y, a_lo[m][1] = v.z, a_lo[m][3] = v.w;
+        a_hi[m] = *reinterpret_cast<const uint4*>(a);
+        a_lo[m] = *reinterpret_cast<const uint4*>(a + 8 * XS);
       }
       const uint4* bk = rfrag + ks * NTILES * 32 + lane;
-      uint4 b[NTILES];
+      // One n-tile's B fragment at a time (4 registers, not 4 NTILES): the 2 x 3 mma of consecutive
+      // n-tiles are independent.
 #pragma unroll
-      for (int n = 0; n < NTILES; ++n) b[n] = bk[n * 32];
-      // Three passes over the 2 x NTILES tiles: consecutive mma are independent.
+      for (int n = 0; n < NTILES; ++n) {
+        const uint4 b = bk[n * 32];
 #pragma unroll
-      for (int n = 0; n < NTILES; ++n)
+        for (int m = 0; m < 2; ++m) mma_f16_16816(acc[m][n], a_lo[m].x, a_lo[m].y, a_lo[m].z, a_lo[m].w, b.x, b.y);
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_f16_16816(acc[m][n], a_lo[m], b[n].x, b[n].y);
+        for (int m = 0; m < 2; ++m) mma_f16_16816(acc[m][n], a_hi[m].x, a_hi[m].y, a_hi[m].z, a_hi[m].w, b.z, b.w);
 #pragma unroll
-      for (int n = 0; n < NTILES; ++n)
-#pragma unroll
-        for (int m = 0; m < 2; ++m) mma_f16_16816(acc[m][n], a_hi[m], b[n].z, b[n].w);
-#pragma unroll
-      for (int n = 0; n < NTILES; ++n)
-#pragma unroll
-        for (int m = 0; m < 2; ++m) mma_f16_16816(acc[m][n], a_hi[m], b[n].x, b[n].y);
+        for (int m = 0; m < 2; ++m) mma_f16_16816(acc[m][n], a_hi[m].x, a_hi[m].y, a_hi[m].z, a_hi[m].w, b.x, b.y);
+      }
     }
-    float rinv[2][2];
+    float rinv[2][2];  // lane 8 m + rho (h = 0) holds the pair (16 m + rho, 16 m + rho + 8)
 #pragma unroll
     for (int m = 0; m < 2; ++m)
-      rinv[m][0] = __shfl_sync(0xffffffffu, inverse, 16 * m + rho),
-      rinv[m][1] = __shfl_sync(0xffffffffu, inverse, 16 * m + rho + 8);
+      rinv[m][0] = __shfl_sync(0xffffffffu, inverse_upper, 8 * m + rho),
+      rinv[m][1] = __shfl_sync(0xffffffffu, inverse_lower, 8 * m + rho);
     __syncwarp();  // every lane done reading the split x
+    if (uniform_columns) {
 #pragma unroll
-    for (int n = 0; n < NTILES; ++n) {
-      const float2 ci = *reinterpret_cast<const float2*>(col_inverse + 8 * n + 2 * t);
+      for (int n = 0; n < NTILES; ++n)
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        float* c = tile + (16 * m + rho) * XS + 8 * n + 2 * t;
-        *reinterpret_cast<float2*>(c) = make_float2(acc[m][n][0] * rinv[m][0] * ci.x, acc[m][n][1] * rinv[m][0] * ci.y);
-        *reinterpret_cast<float2*>(c + 8 * XS) =
-            make_float2(acc[m][n][2] * rinv[m][1] * ci.x, acc[m][n][3] * rinv[m][1] * ci.y);
+        for (int m = 0; m < 2; ++m) {
+          float* c = tile + (16 * m + rho) * XS + 8 * n + 2 * t;
+          *reinterpret_cast<float2*>(c) = make_float2(acc[m][n][0] * rinv[m][0], acc[m][n][1] * rinv[m][0]);
+          *reinterpret_cast<float2*>(c + 8 * XS) = make_float2(acc[m][n][2] * rinv[m][1], acc[m][n][3] * rinv[m][1]);
+        }
+    } else {
+#pragma unroll
+      for (int n = 0; n < NTILES; ++n) {
+        const float2 ci = *reinterpret_cast<const float2*>(col_inverse + 8 * n + 2 * t);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          float* c = tile + (16 * m + rho) * XS + 8 * n + 2 * t;
+          *reinterpret_cast<float2*>(c) = make_float2(acc[m][n][0] * rinv[m][0] * ci.x, acc[m][n][1] * rinv[m][0] * ci.y);
+          *reinterpret_cast<float2*>(c + 8 * XS) =
+              make_float2(acc[m][n][2] * rinv[m][1] * ci.x, acc[m][n][3] * rinv[m][1] * ci.y);
+        }
       }
     }
     __syncwarp();

@@ -46,6 +46,15 @@ TEST_P(QuantizePackExact, BitIdenticalToCpuQuantizer) {
     x[d + 7] = -35.0f;
     for (int i = 0; i < d; ++i) x[2 * static_cast<size_t>(d) + i] = 0.5f;
   }
+  // A row near the bottom of the normal range (its code thresholds are too fine for the kernel's
+  // threshold form: the plain per-value path) and an all-positive row far from zero (large zero point).
+  if (c.rows > 10) {
+    for (int i = 0; i < d; ++i) {  // |x| >= 1e-37: no subnormal (the kernels flush those)
+      float& v = x[3 * static_cast<size_t>(d) + i];
+      v = std::copysign(1.0f + std::fabs(v), v) * 1e-37f;
+    }
+    for (int i = 0; i < d; ++i) x[4 * static_cast<size_t>(d) + i] = 1000.0f + x[4 * static_cast<size_t>(d) + i];
+  }
   std::vector<int64_t> dst(c.rows);
   std::iota(dst.begin(), dst.end(), 0);
   std::shuffle(dst.begin(), dst.end(), std::mt19937_64(99));
@@ -98,7 +107,12 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantCase{64, 65, 0.92f, MetadataType::fp16, true},
                       QuantCase{256, 333, 0.96f, MetadataType::fp32, false},
                       QuantCase{256, 129, 0.92f, MetadataType::bf16, true},
-                      QuantCase{256, 63, 0.1f, MetadataType::fp16, false}));
+                      QuantCase{256, 63, 0.1f, MetadataType::fp16, false},
+                      // Many rows: every code boundary of the threshold form is crossed often.
+                      QuantCase{128, 30011, 0.96f, MetadataType::fp16, true},
+                      QuantCase{128, 30011, 0.92f, MetadataType::fp32, false},
+                      QuantCase{64, 20011, 0.96f, MetadataType::bf16, false},
+                      QuantCase{128, 20011, 1.0f, MetadataType::fp16, false}));
 
 // The CPU reference and the kernel on the same rows, rotation clip 0.96, fp32 metadata.
 struct RotatedRun {
