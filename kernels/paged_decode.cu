@@ -818,12 +818,11 @@ __device__ void merge_cta(const PagedDecodeParams& p, uint8_t* smem, int m) {
   if (tid == 0) {
     const unsigned* count = p.merge_counters + pair;
     for (;;) {
-      unsigned seen;
-      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
+      unsigned seen;  // acquire: the partials read after the barrier below follow the arrivals
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
       if (seen >= (unsigned)S) break;
       __nanosleep(32);
     }
-    __threadfence();
   }
   __syncthreads();
   const size_t first = (size_t)pair * S;
@@ -986,13 +985,17 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     if (c == 0) p.partial_lse2[part * g + h] = den > 0.f ? mx + log2f(den) : -INFINITY;
   }
   if (!p.merge_counters) return;
-  // Last CTA of this (sequence, KV head) merges, or the pair's merge CTAs do (parallel merge).
-  __threadfence();
-  __syncthreads();
-  if (p.merge_parts > 0) {
-    if (threadIdx.x == 0) atomicAdd(p.merge_counters + pair, 1u);
+  if (p.merge_parts > 0) {  // parallel merge: arrive (release: the barrier orders this CTA's writes first)
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+      atomicAdd(p.merge_counters + pair, 1u);
+    }
     return;
   }
+  // Last CTA of this (sequence, KV head) merges.
+  __threadfence();
+  __syncthreads();
   if (threadIdx.x == 0) is_last = atomicAdd(p.merge_counters + pair, 1u) == (unsigned)(S - 1);
   __syncthreads();
   if (!is_last) return;
