@@ -5,7 +5,9 @@
 // rounding boundary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -159,6 +161,16 @@ void expect_codes_close(const RotatedRun& run, long rows, int d) {
       moved += a != b;
     }
   EXPECT_LE(moved, rows * d / 1000) << "d " << d;
+  std::printf("  d %d: %ld of %ld codes moved one step (%.4f %%)\n", d, moved, rows * d, 100.0 * moved / (rows * d));
+}
+
+// Largest relative difference of the scales (rows with a zero reference scale skipped).
+double max_scale_error(const RotatedRun& run) {
+  double worst = 0.0;
+  for (size_t i = 0; i < run.meta.size(); i += 2)
+    if (run.ref_meta[i] != 0.0f)
+      worst = std::max(worst, std::fabs(static_cast<double>(run.meta[i]) - run.ref_meta[i]) / std::fabs(run.ref_meta[i]));
+  return worst;
 }
 
 TEST(QuantizePack, RotationWithinFloatTolerance) {
@@ -174,6 +186,7 @@ TEST(QuantizePack, RotationWithinFloatTolerance) {
       ASSERT_NEAR(meta[i], ref_meta[i], 1e-4 * std::fabs(ref_meta[i]) + 1e-7) << "scale of row " << i / 2;
       ASSERT_NEAR(meta[i + 1], ref_meta[i + 1], 1e-4 * std::fabs(ref_meta[i + 1]) + 1e-6) << "zero of row " << i / 2;
     }
+    std::printf("  d %d: largest relative scale difference %.3g\n", d, max_scale_error(run));
     expect_codes_close(run, rows, d);
   }
 }
@@ -219,6 +232,7 @@ TEST(QuantizePack, RotationHardRowsWithinFloatTolerance) {
       ASSERT_NEAR(meta[i + 1], ref_meta[i + 1], 1e-4 * std::fabs(ref_meta[i + 1]) + 1e-6 * atol)
           << "zero of row " << i / 2 << " d " << d;
     }
+    std::printf("  d %d: largest relative scale difference %.3g\n", d, max_scale_error(run));
     expect_codes_close(run, rows, d);
   }
 }
