@@ -300,7 +300,8 @@ __device__ __noinline__ void quantize_row_thread_fallback(const QuantizePackPara
 //   max follow, and the group's largest |x| = max(max, -min)); the K-th largest of the D/8 group
 //   maxima is a lower bound on tau (K groups hold values at or above it), so every value >= tau lies
 //   in a group whose maximum reaches the bound: tau is the K-th largest |x| of those groups alone
-//   (usually K of them), found with the same insertion network. Exact by construction.
+//   (K of them unless ties, on every lane), 8 values at a time through sorting networks. Exact by
+//   construction.
 // - codes: the code is a non-decreasing function of v (clip, a correctly rounded division, two
 //   rounded additions, floor, clamp), so code(v) >= j iff v >= T_j for the smallest such float T_j.
 //   T_j is found per row by inverting the three roundings one at a time (in double, where each
