@@ -123,9 +123,9 @@ bool build_table(const uint8_t* lengths, int symbols, int root, bool allow_empty
 }
 
 // Where two literals' codes fit in the root index together, one lookup yields both. Descending, so
-// that the entry looked up for the second literal is still a single one.
-void pair_literals(uint32_t* table) {
-  for (int i = (1 << kLitRootBits) - 1; i >= 0; --i) {
+// that the entry looked up for the second literal (at a lower index) is still a single one.
+void pair_literals_below(uint32_t* table, int end) {
+  for (int i = end - 1; i >= 0; --i) {
     const uint32_t first = table[i];
     const uint32_t second = table[static_cast<uint32_t>(i) >> bits_of(first)];
     const bool pair = kind_of(first) == kLiteral && kind_of(second) == kLiteral &&
@@ -134,6 +134,37 @@ void pair_literals(uint32_t* table) {
         entry(bits_of(first) + bits_of(second), kLiteralPair, 0, value_of(first) | value_of(second) << 8);
     table[i] = pair ? joined : first;
   }
+}
+
+// The same, 8 entries a step (it runs once per Huffman block: scalar, it was ~20 % of the decoding).
+// From index 8 on, the second literal's entry (index at most i / 2) lies below the step's entries.
+__attribute__((target("avx2"))) void pair_literals_avx2(uint32_t* table) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i bits_mask = _mm256_set1_epi32(31), kind_mask = _mm256_set1_epi32(7 << 5);
+  const __m256i literal = _mm256_set1_epi32(kLiteral << 5), pair_kind = _mm256_set1_epi32(kLiteralPair << 5);
+  const __m256i too_long = _mm256_set1_epi32(kLitRootBits + 1);
+  for (int base = (1 << kLitRootBits) - 8; base >= 8; base -= 8) {
+    const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(table + base));
+    const __m256i first_bits = _mm256_and_si256(first, bits_mask);
+    const __m256i index = _mm256_srlv_epi32(_mm256_add_epi32(_mm256_set1_epi32(base), lanes), first_bits);
+    const __m256i second = _mm256_i32gather_epi32(reinterpret_cast<const int*>(table), index, 4);
+    const __m256i both_bits = _mm256_add_epi32(first_bits, _mm256_and_si256(second, bits_mask));
+    const __m256i pair = _mm256_and_si256(
+        _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_and_si256(first, kind_mask), literal),
+                         _mm256_cmpeq_epi32(_mm256_and_si256(second, kind_mask), literal)),
+        _mm256_cmpgt_epi32(too_long, both_bits));
+    const __m256i values = _mm256_or_si256(_mm256_srli_epi32(first, 16),
+                                           _mm256_slli_epi32(_mm256_srli_epi32(second, 16), 8));
+    const __m256i joined = _mm256_or_si256(_mm256_or_si256(both_bits, pair_kind), _mm256_slli_epi32(values, 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(table + base), _mm256_blendv_epi8(first, joined, pair));
+  }
+  pair_literals_below(table, 8);
+}
+
+void pair_literals(uint32_t* table) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return pair_literals_avx2(table);
+  pair_literals_below(table, 1 << kLitRootBits);
 }
 
 struct Tables {
