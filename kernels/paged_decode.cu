@@ -528,7 +528,7 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
 // at k slots {2tq, 2tq + 1, 2tq + 8, 2tq + 9}, so a 16-byte load of a key row feeds two chunks.
 // P.V: lane (gid, tq) owns output channels [gid * D / 8, +D / 8); m-tile i rows gid / gid + 8 are its
 // channels 2i / 2i + 1, and the k slots are the tile's tokens in order.
-template <int D>
+template <int D, bool PREFETCH_KEYS>
 __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, int kv, int t_begin, int t_end) {
   constexpr int CHUNKS = D / 16, KV4 = D / 32, MT = D / 16, VW = D / 64;  // VW: uint4 per row per lane in P.V
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -574,6 +574,15 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
       const char* vrow = reinterpret_cast<const char*>(p.bf16_values + (row0 + lane) * D);
 #pragma unroll
       for (int off = 0; off < D * 2; off += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vrow + off));
+      if constexpr (PREFETCH_KEYS) {
+        // Small grids: tile 1 reads its key rows after tile 0's P.V; have them in L2 too (batch 1 / 1K:
+        // the BF16 CTAs end the launch, ~2.7 us after the INT2 CTAs). At large batches this extra L2
+        // traffic made the BF16-only decode 10 % slower (batch 32 / 32K 1128.5 -> 1237.7 us).
+        const char* krow = reinterpret_cast<const char*>(p.bf16_keys + (row0 + lane) * D);
+#pragma unroll
+        for (int off = 0; off < D * 2; off += 128)
+          if (lane >= 16) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(krow + off));
+      }
     }
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
@@ -668,9 +677,6 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
 // of the partials in float4 loads (read through L2: other CTAs of this launch wrote them), then
 // o'[g, d] . R_V^T by (row slice, column quad) threads (R_V^T was prefetched to L2 at the start of the
 // launch), the row slices summed in a fixed order. Scratch aliases the CTA's shared memory.
-__device__ __forceinline__ void fma4(float w, const float4& v, float4& a) {
-  a.x = fmaf(w, v.x, a.x), a.y = fmaf(w, v.y, a.y), a.z = fmaf(w, v.z, a.z), a.w = fmaf(w, v.w, a.w);
-}
 template <int D>
 constexpr int merge_slices() {
   return 4 * kThreads / D;  // row slices of the un-rotation: 128 threads = slices x (D / 4) column quads
@@ -708,6 +714,9 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
   // 2U independent 16-byte loads in flight.
   constexpr int U = 8;
   const int n4 = g * D / 4;
+  auto fma4 = [](float w, const float4& v, float4& a) {
+    a.x = fmaf(w, v.x, a.x), a.y = fmaf(w, v.y, a.y), a.z = fmaf(w, v.z, a.z), a.w = fmaf(w, v.w, a.w);
+  };
   const float4* po4 = reinterpret_cast<const float4*>(p.partial_out + pair * S * g * D);  // [S, g, D / 4]
   for (int i0 = threadIdx.x; i0 < n4; i0 += 2 * kThreads) {
     const int i1 = i0 + kThreads;
@@ -791,6 +800,9 @@ __host__ __device__ constexpr int merge_cta_smem_floats(int splits) {
   // partial sums [threads], split lse [S].
   return D * merge_cols<D>() + 4 * kThreads + D + kThreads + splits;
 }
+__device__ __forceinline__ void fma4_acc(float w, const float4& v, float4& a) {
+  a.x = fmaf(w, v.x, a.x), a.y = fmaf(w, v.y, a.y), a.z = fmaf(w, v.z, a.z), a.w = fmaf(w, v.w, a.w);
+}
 template <int D>
 __device__ void merge_cta(const PagedDecodeParams& p, uint8_t* smem, int m) {
   constexpr int NC = merge_cols<D>(), C = D / NC;
@@ -861,7 +873,7 @@ __device__ void merge_cta(const PagedDecodeParams& p, uint8_t* smem, int m) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int s = sg + SG * (r * U + u);
-      if (s < S && mx != -INFINITY) fma4(exp2f(lse_s[s] - mx), v[u], acc);
+      if (s < S && mx != -INFINITY) fma4_acc(exp2f(lse_s[s] - mx), v[u], acc);
     }
     if (++r >= rounds) break;
     load_round(r);
@@ -907,7 +919,10 @@ __device__ void merge_cta(const PagedDecodeParams& p, uint8_t* smem, int m) {
 // tokens (a read per stage, see int2_cta).
 enum class Int2Pages { none, small, paired };
 
-template <int D, Int2Pages PAGES>
+// PARALLEL: the grid ends with the parallel merge CTAs (p.merge_parts > 0); the kernel without them is
+// kept separate so that the large-batch code is not recompiled around the merge CTAs' (batch 8 / 8K
+// was 2.5-4 % slower in one kernel).
+template <int D, Int2Pages PAGES, bool PARALLEL>
 __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_decode_kernel(const PagedDecodeParams p) {
   constexpr bool HAS_INT2 = PAGES != Int2Pages::none;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -915,9 +930,11 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   CtaShared<D>& sh = *reinterpret_cast<CtaShared<D>*>(smem);
   const int g = p.group, S = p.int2_splits + p.bf16_splits;
   const int pairs = p.batch * p.num_kv_heads;
-  if (p.merge_parts > 0 && (int)blockIdx.x >= pairs * S) {  // parallel merge CTAs after the splits
-    merge_cta<D>(p, smem, blockIdx.x - pairs * S);
-    return;
+  if constexpr (PARALLEL) {
+    if ((int)blockIdx.x >= pairs * S) {  // parallel merge CTAs after the splits
+      merge_cta<D>(p, smem, blockIdx.x - pairs * S);
+      return;
+    }
   }
   const int int2_ctas = HAS_INT2 ? pairs * p.int2_splits : 0;
   const bool int2 = HAS_INT2 && (int)blockIdx.x < int2_ctas;
@@ -942,7 +959,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     t_begin = s * p.bf16_chunk;
     t_end = min(len, t_begin + p.bf16_chunk);
   }
-  if (p.merge_counters && p.value_rotation_t && p.merge_parts == 0 && split == 0) {
+  if (!PARALLEL && p.merge_counters && p.value_rotation_t && split == 0) {
     // The merge reads R_V^T at the very end; fetch it into L2 now, off the critical path.
     const char* rot = reinterpret_cast<const char*>(p.value_rotation_t + kv * p.rotation_kv_head_stride);
     for (int off = threadIdx.x * 128; off < D * D * 4; off += kThreads * 128)
@@ -961,7 +978,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     if (int2)
       int2_cta<D, PAGES == Int2Pages::paired>(p, sh, smem, b, kv, t_begin, t_end);
     else
-      bf16_warp<D>(p, sh, b, kv, t_begin, t_end);
+      bf16_warp<D, PARALLEL>(p, sh, b, kv, t_begin, t_end);
   }
   __syncthreads();
   // Combine the warps' states; write this split's partial.
@@ -985,7 +1002,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     if (c == 0) p.partial_lse2[part * g + h] = den > 0.f ? mx + log2f(den) : -INFINITY;
   }
   if (!p.merge_counters) return;
-  if (p.merge_parts > 0) {  // parallel merge: arrive (release: the barrier orders this CTA's writes first)
+  if constexpr (PARALLEL) {  // arrive (release: the barrier orders this CTA's writes before the fence)
     __syncthreads();
     if (threadIdx.x == 0) {
       asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
@@ -1004,16 +1021,25 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
 }
 
-template <int D, Int2Pages PAGES>
+template <int D, Int2Pages PAGES, bool PARALLEL>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   static const bool configured = [] {
-    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
+    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         smem_bytes<D>());
     return true;
   }();
   (void)configured;
   const int pairs = p.batch * p.num_kv_heads;
   const unsigned ctas = (unsigned)(pairs * (p.splits_total() + p.merge_parts));
-  paged_decode_kernel<D, PAGES><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
+  paged_decode_kernel<D, PAGES, PARALLEL><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
+}
+
+template <int D, Int2Pages PAGES>
+void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
+  if (p.merge_parts > 0)
+    launch_kernel<D, PAGES, true>(p, stream);
+  else
+    launch_kernel<D, PAGES, false>(p, stream);
 }
 
 template <Int2Pages PAGES>
@@ -1028,7 +1054,7 @@ void launch_for_dim(const PagedDecodeParams& p, cudaStream_t stream) {
 
 template <int D>
 int occupancy() {
-  const auto kernel = paged_decode_kernel<D, Int2Pages::paired>;  // the default 64-token pages
+  const auto kernel = paged_decode_kernel<D, Int2Pages::paired, false>;  // the default 64-token pages
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
   int n = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem_bytes<D>()) != cudaSuccess)
