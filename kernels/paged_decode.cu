@@ -913,8 +913,8 @@ __device__ void merge_cta(const PagedDecodeParams& p, uint8_t* smem, int m) {
 }
 
 // ---------------------------------------------------------------- kernel
-// Grid (1-D): INT2 CTAs (sequence, KV head, split) first, then BF16 CTAs; block 128 threads;
-// dynamic shared memory smem_bytes<D>().
+// Grid (1-D): INT2 CTAs (sequence, KV head, split) first, then BF16 CTAs, then (PARALLEL) merge_parts
+// merge CTAs per (sequence, KV head); block 128 threads; dynamic shared memory smem_bytes<D>().
 // INT2 tier of a launch: absent, pages of 16 tokens (a page-table read per tile), or pages of >= 32
 // tokens (a read per stage, see int2_cta).
 enum class Int2Pages { none, small, paired };

@@ -2,7 +2,8 @@
 // layout + fp32 (scale, zero) per token) and BF16 pages (sink + recent tiers, or a whole plain BF16
 // cache for the baseline). One launch writes a partial output and log2-sum-exp per split; with
 // merge_counters set, the last CTA of each (sequence, KV head) also merges the splits and un-rotates
-// (one launch per decode call), otherwise decode_merge.h does it in a second launch.
+// (one launch per decode call), or, with merge_parts set (grids of one wave, i.e. batch 1), merge CTAs
+// at the end of the same grid do it in parallel; otherwise decode_merge.h does it in a second launch.
 // CPU twin: lib/backend/paged_cache.h.
 #pragma once
 #include <cstdint>
