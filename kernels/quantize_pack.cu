@@ -216,6 +216,20 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
+// Stores one row's packed codes (Q bytes as 16-byte words) and its metadata (thread per row).
+template <int Q>
+__device__ __forceinline__ void store_row_thread(const QuantizePackParams& p, long row, const uint32_t (&packed)[Q / 4],
+                                                 float scale, float zero) {
+  const long dst = p.destination_rows ? p.destination_rows[row] : row;
+  uint8_t* out = p.codes + dst * Q;
+#pragma unroll
+  for (int w = 0; w < Q / 4; w += 4)
+    *reinterpret_cast<uint4*>(out + 4 * w) = make_uint4(packed[w], packed[w + 1], packed[w + 2], packed[w + 3]);
+  float* meta = p.metadata_out + dst * p.metadata_stride + p.metadata_offset;
+  meta[0] = scale;
+  meta[1] = zero;
+}
+
 // Quantises row `row` of the batch from its fp32 values x[0..D) in shared memory (thread per row): the
 // plain form, one division per value. quantize_row_thread (below) takes it for the rare rows whose
 // code thresholds it cannot express; the two agree bit for bit.
@@ -278,14 +292,7 @@ __device__ __forceinline__ void quantize_row_thread_plain(const QuantizePackPara
       packed[byte / 4] += (uint32_t)code << (8 * (byte % 4) + 2 * (ch / Q));
     }
   }
-  const long dst = p.destination_rows ? p.destination_rows[row] : row;
-  uint8_t* out = p.codes + dst * Q;
-#pragma unroll
-  for (int w = 0; w < Q / 4; w += 4)
-    *reinterpret_cast<uint4*>(out + 4 * w) = make_uint4(packed[w], packed[w + 1], packed[w + 2], packed[w + 3]);
-  float* meta = p.metadata_out + dst * p.metadata_stride + p.metadata_offset;
-  meta[0] = scale;
-  meta[1] = zero;
+  store_row_thread<Q>(p, row, packed, scale, zero);
 }
 
 template <int D, int KMAX>
@@ -506,14 +513,7 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
   for (int w = 0; w < Q / 4; ++w)  // acc + 2^23 holds acc in its low 16 bits
     packed[w] = __byte_perm(__float_as_uint(__fadd_rn(byte_pairs[2 * w], 0x1p23f)),
                             __float_as_uint(__fadd_rn(byte_pairs[2 * w + 1], 0x1p23f)), 0x5410);
-  const long dst = p.destination_rows ? p.destination_rows[row] : row;
-  uint8_t* out = p.codes + dst * Q;
-#pragma unroll
-  for (int w = 0; w < Q / 4; w += 4)
-    *reinterpret_cast<uint4*>(out + 4 * w) = make_uint4(packed[w], packed[w + 1], packed[w + 2], packed[w + 3]);
-  float* meta = p.metadata_out + dst * p.metadata_stride + p.metadata_offset;
-  meta[0] = scale;
-  meta[1] = zero;
+  store_row_thread<Q>(p, row, packed, scale, zero);
 }
 
 template <int D, int KMAX>
