@@ -44,13 +44,15 @@ std::vector<std::pair<std::string, Bytes>> inputs() {
   in.push_back({"one byte", {42}});
   in.push_back({"zeros", Bytes(100000, 0)});
   std::string text;
-  for (int i = 0; text.size() < 300000; ++i) text += "the " + std::to_string(rng() % 1000) + (i % 7 ? " key " : " value\n");
+  for (int i = 0; text.size() < 300000; ++i)
+    text += "the " + std::to_string(rng() % 1000) + (i % 7 ? " key " : " value\n");
   in.push_back({"text", Bytes(text.begin(), text.end())});
   Bytes random(70001);
   for (auto& b : random) b = static_cast<unsigned char>(rng());
   in.push_back({"random", random});
   Bytes periods(50000);
-  for (size_t i = 0; i < periods.size(); ++i) periods[i] = static_cast<unsigned char>("abcdefg"[i % (2 + i / 5000 % 6)]);
+  for (size_t i = 0; i < periods.size(); ++i)
+    periods[i] = static_cast<unsigned char>("abcdefg"[i % (2 + i / 5000 % 6)]);
   in.push_back({"short periods", periods});
   std::normal_distribution<float> normal;
   const size_t elements = 1 << 17;
@@ -75,7 +77,8 @@ TEST(Inflate, DecodesEveryStreamZlibWrites) {
         EXPECT_TRUE(std::equal(plain.begin(), plain.end(), out.begin())) << what;
         EXPECT_EQ(out[plain.size()], 0xee) << what << ": wrote past the end";
         // Another length than the stream holds, or a cut stream, is refused.
-        if (!plain.empty()) EXPECT_FALSE(inflate_zlib(packed.data(), packed.size(), out.data(), plain.size() - 1)) << what;
+        if (!plain.empty())
+          EXPECT_FALSE(inflate_zlib(packed.data(), packed.size(), out.data(), plain.size() - 1)) << what;
         EXPECT_FALSE(inflate_zlib(packed.data(), packed.size(), out.data(), plain.size() + 1)) << what;
         for (size_t cut : {size_t{1}, size_t{4}, size_t{5}, packed.size() / 2})
           if (cut <= packed.size())
