@@ -319,6 +319,18 @@ bool decode_huffman_block(BitReader& in, const Tables& t, const unsigned char* o
   return step == Step::kEndOfBlock;
 }
 
+// The literal/length table (with its literal pairs) and the distance table of a Huffman block. A
+// block of literals only may have no distance code.
+bool build_tables(const uint8_t* literal_lengths, int literal_codes, const uint8_t* distance_lengths,
+                  int distance_codes, Tables& t) {
+  if (!build_table(literal_lengths, literal_codes, kLitRootBits, false, literal_length_entry, t.literal,
+                   kLitTableSize))
+    return false;
+  pair_literals(t.literal);
+  return build_table(distance_lengths, distance_codes, kDistRootBits, true, distance_entry, t.distance,
+                     kDistTableSize);
+}
+
 bool build_fixed_tables(Tables& t) {
   uint8_t lengths[288 + 32];
   std::fill(lengths, lengths + 144, 8);
@@ -326,9 +338,7 @@ bool build_fixed_tables(Tables& t) {
   std::fill(lengths + 256, lengths + 280, 7);
   std::fill(lengths + 280, lengths + 288, 8);
   std::fill(lengths + 288, lengths + 320, 5);
-  if (!build_table(lengths, 288, kLitRootBits, false, literal_length_entry, t.literal, kLitTableSize)) return false;
-  pair_literals(t.literal);
-  return build_table(lengths + 288, 32, kDistRootBits, false, distance_entry, t.distance, kDistTableSize);
+  return build_tables(lengths, 288, lengths + 288, 32, t);
 }
 
 bool build_dynamic_tables(BitReader& in, Tables& t) {
@@ -372,11 +382,7 @@ bool build_dynamic_tables(BitReader& in, Tables& t) {
     i += repeat;
   }
   if (lengths[256] == 0) return false;  // no end-of-block code
-  if (!build_table(lengths, literal_codes, kLitRootBits, false, literal_length_entry, t.literal, kLitTableSize))
-    return false;
-  pair_literals(t.literal);
-  return build_table(lengths + literal_codes, distance_codes, kDistRootBits, true, distance_entry, t.distance,
-                     kDistTableSize);
+  return build_tables(lengths, literal_codes, lengths + literal_codes, distance_codes, t);
 }
 
 // Adler-32 (RFC 1950) with AVX2, 32 bytes a step: over a run of k steps starting from (s1, s2), a
