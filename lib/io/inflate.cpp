@@ -13,17 +13,24 @@
 namespace oscar::h5 {
 namespace {
 
-// A table entry is 32 bits: [0, 5) bits the code takes (both codes for a literal pair), [5, 8)
-// the kind, [8, 16) extra bits (length, distance) or index bits (subtable), [16, 32) the value:
-// literal(s), base length or distance, or the subtable's offset.
-enum Kind : uint32_t { kLiteral = 0, kLiteralPair = 1, kLength = 2, kDistance = 3, kEnd = 4, kSubtable = 5, kBad = 6 };
+// A table entry is 32 bits, [0, 6) the bits its code(s) take (bit 5 is zero, so the bit buffer
+// shifts by the entry itself). A literal entry has bit 31 set (a sign test), bit 30 when it holds
+// two literals, and the literals in [8, 16) and [16, 24). Any other entry: [6, 9) the kind, [9, 16)
+// extra bits (length, distance) or index bits (subtable), [16, 31) the value: base length or
+// distance, the subtable's offset, or a symbol of the code-length code.
+enum Kind : uint32_t { kSymbol = 0, kLength = 2, kDistance = 3, kEnd = 4, kSubtable = 5, kBad = 6 };
+constexpr uint32_t kLiteralFlag = 1u << 31, kPairFlag = 1u << 30;
 constexpr uint32_t entry(uint32_t bits, Kind kind, uint32_t extra, uint32_t value) {
-  return bits | kind << 5 | extra << 8 | value << 16;
+  return bits | kind << 6 | extra << 9 | value << 16;
 }
-inline uint32_t bits_of(uint32_t e) { return e & 31; }
-inline uint32_t kind_of(uint32_t e) { return e >> 5 & 7; }
-inline uint32_t extra_of(uint32_t e) { return e >> 8 & 255; }
+constexpr uint32_t literal_entry(uint32_t bits, uint32_t literal) { return kLiteralFlag | literal << 8 | bits; }
+inline bool is_literal(uint32_t e) { return static_cast<int32_t>(e) < 0; }
+inline uint32_t literals_in(uint32_t e) { return 1 + (e >> 30 & 1); }  // of a literal entry
+inline uint32_t bits_of(uint32_t e) { return e & 63; }
+inline uint32_t kind_of(uint32_t e) { return e >> 6 & 7; }  // of any other entry
+inline uint32_t extra_of(uint32_t e) { return e >> 9 & 127; }
 inline uint32_t value_of(uint32_t e) { return e >> 16; }
+inline bool is_subtable(uint32_t e) { return (e & (kLiteralFlag | 7u << 6)) == kSubtable << 6; }
 
 constexpr int kLitRootBits = 12;   // literal/length root table: 4096 entries
 constexpr int kDistRootBits = 8;   // distance root table
@@ -46,7 +53,7 @@ constexpr std::array<uint8_t, 30> kDistExtra = {0, 0, 0, 0, 1, 1, 2, 2,  3,  3, 
 constexpr std::array<uint8_t, 19> kCodeLengthOrder = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
 
 uint32_t literal_length_entry(int symbol) {
-  if (symbol < 256) return entry(0, kLiteral, 0, static_cast<uint32_t>(symbol));
+  if (symbol < 256) return literal_entry(0, static_cast<uint32_t>(symbol));
   if (symbol == 256) return entry(0, kEnd, 0, 0);
   if (symbol <= 285) return entry(0, kLength, kLengthExtra[symbol - 257], kLengthBase[symbol - 257]);
   return entry(0, kBad, 0, 0);
@@ -54,7 +61,7 @@ uint32_t literal_length_entry(int symbol) {
 uint32_t distance_entry(int symbol) {
   return symbol < 30 ? entry(0, kDistance, kDistExtra[symbol], kDistBase[symbol]) : entry(0, kBad, 0, 0);
 }
-uint32_t code_length_entry(int symbol) { return entry(0, kLiteral, 0, static_cast<uint32_t>(symbol)); }
+uint32_t code_length_entry(int symbol) { return entry(0, kSymbol, 0, static_cast<uint32_t>(symbol)); }
 
 uint32_t reverse_bits(uint32_t code, int length) {
   uint32_t r = 0;
@@ -128,10 +135,11 @@ void pair_literals_below(uint32_t* table, int end) {
   for (int i = end - 1; i >= 0; --i) {
     const uint32_t first = table[i];
     const uint32_t second = table[static_cast<uint32_t>(i) >> bits_of(first)];
-    const bool pair = kind_of(first) == kLiteral && kind_of(second) == kLiteral &&
+    const uint32_t single_mask = kLiteralFlag | kPairFlag;
+    const bool pair = (first & single_mask) == kLiteralFlag && (second & single_mask) == kLiteralFlag &&
                       bits_of(first) + bits_of(second) <= kLitRootBits;
-    const uint32_t joined =
-        entry(bits_of(first) + bits_of(second), kLiteralPair, 0, value_of(first) | value_of(second) << 8);
+    const uint32_t joined = kLiteralFlag | kPairFlag | (second & 0xff00) << 8 | (first & 0xff00) |
+                            (bits_of(first) + bits_of(second));
     table[i] = pair ? joined : first;
   }
 }
@@ -140,8 +148,9 @@ void pair_literals_below(uint32_t* table, int end) {
 // From index 8 on, the second literal's entry (index at most i / 2) lies below the step's entries.
 __attribute__((target("avx2"))) void pair_literals_avx2(uint32_t* table) {
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i bits_mask = _mm256_set1_epi32(31), kind_mask = _mm256_set1_epi32(7 << 5);
-  const __m256i literal = _mm256_set1_epi32(kLiteral << 5), pair_kind = _mm256_set1_epi32(kLiteralPair << 5);
+  const __m256i bits_mask = _mm256_set1_epi32(63), single_mask = _mm256_set1_epi32(kLiteralFlag | kPairFlag);
+  const __m256i single = _mm256_set1_epi32(kLiteralFlag), pair_flags = _mm256_set1_epi32(kLiteralFlag | kPairFlag);
+  const __m256i literal_mask = _mm256_set1_epi32(0xff00);
   const __m256i too_long = _mm256_set1_epi32(kLitRootBits + 1);
   for (int base = (1 << kLitRootBits) - 8; base >= 8; base -= 8) {
     const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(table + base));
@@ -150,12 +159,12 @@ __attribute__((target("avx2"))) void pair_literals_avx2(uint32_t* table) {
     const __m256i second = _mm256_i32gather_epi32(reinterpret_cast<const int*>(table), index, 4);
     const __m256i both_bits = _mm256_add_epi32(first_bits, _mm256_and_si256(second, bits_mask));
     const __m256i pair = _mm256_and_si256(
-        _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_and_si256(first, kind_mask), literal),
-                         _mm256_cmpeq_epi32(_mm256_and_si256(second, kind_mask), literal)),
+        _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_and_si256(first, single_mask), single),
+                         _mm256_cmpeq_epi32(_mm256_and_si256(second, single_mask), single)),
         _mm256_cmpgt_epi32(too_long, both_bits));
-    const __m256i values = _mm256_or_si256(_mm256_srli_epi32(first, 16),
-                                           _mm256_slli_epi32(_mm256_srli_epi32(second, 16), 8));
-    const __m256i joined = _mm256_or_si256(_mm256_or_si256(both_bits, pair_kind), _mm256_slli_epi32(values, 16));
+    const __m256i literals = _mm256_or_si256(_mm256_and_si256(first, literal_mask),
+                                             _mm256_slli_epi32(_mm256_and_si256(second, literal_mask), 8));
+    const __m256i joined = _mm256_or_si256(_mm256_or_si256(both_bits, pair_flags), literals);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(table + base), _mm256_blendv_epi8(first, joined, pair));
   }
   pair_literals_below(table, 8);
@@ -194,9 +203,10 @@ class BitReader {
     }
   }
   uint64_t peek() const { return buffer_; }
+  // Drops the bits of a code: n, or a table entry (whose low 6 bits count them).
   void consume(uint32_t n) {
-    buffer_ >>= n;
-    count_ -= n;
+    buffer_ >>= n & 63;
+    count_ -= static_cast<int>(n & 63);
   }
   uint32_t take(uint32_t n) {  // n <= 32, with n bits in the buffer
     const uint32_t v = static_cast<uint32_t>(buffer_ & ((uint64_t{1} << n) - 1));
@@ -253,8 +263,23 @@ Step decode_symbols(BitReader& reader, const Tables& t, const unsigned char* out
   constexpr uint64_t kLitMask = (1u << kLitRootBits) - 1, kDistMask = (1u << kDistRootBits) - 1;
   auto lookup = [&](const uint32_t* table, uint64_t mask, int root) {
     uint32_t e = table[in.peek() & mask];
-    if (kind_of(e) == kSubtable) e = table[value_of(e) + ((in.peek() >> root) & ((1u << extra_of(e)) - 1))];
+    if (is_subtable(e)) e = table[value_of(e) + ((in.peek() >> root) & ((1u << extra_of(e)) - 1))];
     return e;
+  };
+  // A literal entry's one or two bytes (unchecked, the second is written even for one: room is left).
+  auto put_literals = [&](uint32_t e) {
+    const uint32_t n = literals_in(e);
+    if (kChecked && out_end - out < static_cast<ptrdiff_t>(n)) return false;
+    if (kChecked) {
+      out[0] = static_cast<unsigned char>(e >> 8);
+      if (n == 2) out[1] = static_cast<unsigned char>(e >> 16);
+    } else {
+      const uint16_t both = static_cast<uint16_t>(e >> 8);
+      std::memcpy(out, &both, 2);
+    }
+    out += n;
+    in.consume(e);
+    return true;
   };
   for (;;) {
     if (!kChecked && out_end - out < kRoom) {
@@ -263,39 +288,25 @@ Step decode_symbols(BitReader& reader, const Tables& t, const unsigned char* out
     }
     in.refill();
     uint32_t e = lookup(t.literal, kLitMask, kLitRootBits);
-    if (kind_of(e) <= kLiteralPair) {
-      const uint32_t n = 1 + kind_of(e);
-      if (kChecked && out_end - out < static_cast<ptrdiff_t>(n)) break;
-      out[0] = static_cast<unsigned char>(value_of(e));
-      if (kChecked && n == 1) {
-        out += 1;
-      } else {  // unchecked, the pair's second byte may be written beyond: room is left
-        out[1] = static_cast<unsigned char>(value_of(e) >> 8);
-        out += n;
-      }
-      in.consume(bits_of(e));
+    if (is_literal(e)) {
+      if (!put_literals(e)) break;
       // A second entry from the same refill (>= 41 bits left).
       e = lookup(t.literal, kLitMask, kLitRootBits);
-      if (kind_of(e) > kLiteralPair) continue;  // looked up again after the next refill
-      const uint32_t m = 1 + kind_of(e);
-      if (kChecked && out_end - out < static_cast<ptrdiff_t>(m)) break;
-      out[0] = static_cast<unsigned char>(value_of(e));
-      if (!kChecked || m == 2) out[1] = static_cast<unsigned char>(value_of(e) >> 8);
-      out += m;
-      in.consume(bits_of(e));
+      if (!is_literal(e)) continue;  // looked up again after the next refill
+      if (!put_literals(e)) break;
       continue;
     }
     if (kind_of(e) == kEnd) {
-      in.consume(bits_of(e));
+      in.consume(e);
       step = Step::kEndOfBlock;
       break;
     }
     if (kind_of(e) != kLength) break;
-    in.consume(bits_of(e));
+    in.consume(e);
     const uint32_t length = value_of(e) + in.take(extra_of(e));  // <= 20 bits so far
     const uint32_t d = lookup(t.distance, kDistMask, kDistRootBits);
     if (kind_of(d) != kDistance) break;
-    in.consume(bits_of(d));
+    in.consume(d);
     const uint32_t distance = value_of(d) + in.take(extra_of(d));  // <= 48 bits in all
     if (distance > static_cast<size_t>(out - out_begin)) break;
     if (kChecked) {
@@ -359,7 +370,7 @@ bool build_dynamic_tables(BitReader& in, Tables& t) {
   for (int i = 0; i < total;) {
     in.refill();
     const uint32_t e = code_table[in.peek() & 127];
-    if (kind_of(e) != kLiteral) return false;
+    if (is_literal(e) || kind_of(e) != kSymbol) return false;
     in.consume(bits_of(e));
     const uint32_t symbol = value_of(e);
     if (symbol < 16) {
