@@ -116,16 +116,17 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantCase{64, 20011, 0.96f, MetadataType::bf16, false},
                       QuantCase{128, 20011, 1.0f, MetadataType::fp16, false}));
 
-// The CPU reference and the kernel on the same rows, rotation clip 0.96, fp32 metadata.
+// The CPU reference and the kernel on the same rows and rotation (clip 0.96, fp32 metadata unless given).
 struct RotatedRun {
   std::vector<uint8_t> ref_codes, codes;
   std::vector<float> ref_meta, meta;
 };
 
-RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& rot, long rows, int d) {
+RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& rot, long rows, int d, float clip = 0.96f,
+                       MetadataType metadata = MetadataType::fp32) {
   QuantizerConfig config;
-  config.clip_ratio = 0.96f;
-  config.metadata = MetadataType::fp32;
+  config.clip_ratio = clip;
+  config.metadata = metadata;
   RotatedRun run;
   run.ref_codes.resize(static_cast<size_t>(rows) * d / 4);
   run.ref_meta.resize(static_cast<size_t>(rows) * 2);
@@ -140,7 +141,8 @@ RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& ro
   p.head_dim = d;
   p.input = dx.get();
   p.rotation = drot.get();
-  p.clip_ratio = 0.96f;
+  p.clip_ratio = clip;
+  p.metadata = rounding_of(metadata);
   p.codes = dcodes.get();
   p.metadata_out = dmeta.get();
   kernels::launch_quantize_pack(p, nullptr);
@@ -234,6 +236,48 @@ TEST(QuantizePack, RotationHardRowsWithinFloatTolerance) {
     }
     std::printf("  d %d: largest relative scale difference %.3g\n", d, max_scale_error(run));
     expect_codes_close(run, rows, d);
+  }
+}
+
+// R = a signed permutation with power-of-two entries, rows of multiples of 1/8 (which fit fp16 after
+// the power-of-two row scale): x.R is exact on every path (one non-zero product per output, no split
+// remainders), so codes and metadata must be bit-identical to the CPU quantiser. Any wrong fragment,
+// descriptor or shared-memory layout of R or x moves columns. Column shifts within 7 of one another
+// (one scale) and spread over 2^-12..2^12 (per-column scales); enough rows that persistent warps take
+// several tiles, and a partial last one.
+TEST(QuantizePack, RotationBySignedPermutationBitIdentical) {
+  struct Case {
+    int dim;
+    long rows;
+    float clip;
+    MetadataType metadata;
+    bool spread_columns;
+  };
+  const Case cases[] = {{64, 70001, 0.96f, MetadataType::fp32, false},  {64, 333, 0.92f, MetadataType::bf16, true},
+                        {128, 1, 0.96f, MetadataType::fp16, false},      {128, 40009, 0.96f, MetadataType::fp32, false},
+                        {128, 5003, 0.92f, MetadataType::fp16, true},    {256, 1001, 0.96f, MetadataType::fp32, false}};
+  for (const Case& c : cases) {
+    const int d = c.dim;
+    std::vector<float> x = test::random_normal(static_cast<size_t>(c.rows) * d, 31 + d + c.rows, 2.0f);
+    for (auto& v : x) v = std::round(v * 4.0f) / 8.0f;
+    if (c.rows > 3) {
+      x[5] = 40.0f;
+      for (int i = 0; i < d; ++i) x[2 * static_cast<size_t>(d) + i] = 0.5f;
+    }
+    std::vector<int> column(d);
+    std::iota(column.begin(), column.end(), 0);
+    std::shuffle(column.begin(), column.end(), std::mt19937_64(7 + d));
+    std::vector<float> rot(static_cast<size_t>(d) * d, 0.0f);
+    for (int k = 0; k < d; ++k) {
+      const int n = column[k], shift = c.spread_columns ? 2 * (n % 13) - 12 : n % 5 - 2;
+      rot[static_cast<size_t>(k) * d + n] = std::ldexp((k * 7 + n) % 3 ? 1.0f : -1.0f, shift);
+    }
+    const RotatedRun run = run_rotated(x, rot, c.rows, d, c.clip, c.metadata);
+    long code_mismatch = 0, meta_mismatch = 0;
+    for (size_t i = 0; i < run.codes.size(); ++i) code_mismatch += run.codes[i] != run.ref_codes[i];
+    for (size_t i = 0; i < run.meta.size(); ++i) meta_mismatch += std::memcmp(&run.meta[i], &run.ref_meta[i], 4) != 0;
+    EXPECT_EQ(code_mismatch, 0) << "d " << d << " rows " << c.rows;
+    EXPECT_EQ(meta_mismatch, 0) << "d " << d << " rows " << c.rows;
   }
 }
 
