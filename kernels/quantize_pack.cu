@@ -216,18 +216,28 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
-// Stores one row's packed codes (Q bytes as 16-byte words) and its metadata (thread per row).
+// Stores WORDS 4-byte words of one row's packed codes (Q bytes) from byte `offset` on, as 16-byte
+// words, and, if asked, its metadata.
+template <int Q, int WORDS>
+__device__ __forceinline__ void store_row_codes(const QuantizePackParams& p, long row, int offset,
+                                                const uint32_t (&packed)[WORDS], bool metadata, float scale,
+                                                float zero) {
+  const long dst = p.destination_rows ? p.destination_rows[row] : row;
+  uint8_t* out = p.codes + dst * Q + offset;
+#pragma unroll
+  for (int w = 0; w < WORDS; w += 4)
+    *reinterpret_cast<uint4*>(out + 4 * w) = make_uint4(packed[w], packed[w + 1], packed[w + 2], packed[w + 3]);
+  if (metadata) {
+    float* meta = p.metadata_out + dst * p.metadata_stride + p.metadata_offset;
+    meta[0] = scale;
+    meta[1] = zero;
+  }
+}
+// All Q bytes of one row's codes and its metadata (thread per row).
 template <int Q>
 __device__ __forceinline__ void store_row_thread(const QuantizePackParams& p, long row, const uint32_t (&packed)[Q / 4],
                                                  float scale, float zero) {
-  const long dst = p.destination_rows ? p.destination_rows[row] : row;
-  uint8_t* out = p.codes + dst * Q;
-#pragma unroll
-  for (int w = 0; w < Q / 4; w += 4)
-    *reinterpret_cast<uint4*>(out + 4 * w) = make_uint4(packed[w], packed[w + 1], packed[w + 2], packed[w + 3]);
-  float* meta = p.metadata_out + dst * p.metadata_stride + p.metadata_offset;
-  meta[0] = scale;
-  meta[1] = zero;
+  store_row_codes<Q, Q / 4>(p, row, 0, packed, true, scale, zero);
 }
 
 // Quantises row `row` of the batch from its fp32 values x[0..D) in shared memory (thread per row): the
@@ -405,21 +415,34 @@ __device__ __forceinline__ void sort_descending(float (&v)[N]) {
   }
 }
 
-template <int D, int KMAX>
-__device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p, const float* x, long row, int k_top) {
-  constexpr int Q = D / 4, G = D / 8;
+// LANES = 1: the thread quantises its row alone. LANES = 2: lanes l and l ^ 16 share the row, each
+// taking the half [h D/2, (h + 1) D/2) of its columns (h = 1 for the upper lane) in the passes over
+// the values and half of the candidate groups of the threshold search (lists and masks exchanged by
+// shuffles, merged alike on both lanes); both compute the per-row scalars (metadata, code thresholds)
+// and each stores half of the codes. Every lane of the warp must call it (store = false: a row past the
+// end, quantised but not stored).
+template <int D, int KMAX, int LANES = 1>
+__device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p, const float* x, long row, int k_top,
+                                                    bool store = true) {
+  static_assert(LANES == 1 || LANES == 2, "one or two lanes per row");
+  constexpr int Q = D / 4, G = D / 8, GL = G / LANES;  // groups of 8 values per lane
+  const int half = LANES == 2 ? (int)(threadIdx.x % 32) / 16 : 0;
+  const float* xl = x + half * (D / LANES);  // this lane's columns
+  unsigned pairs = 0xffffffffu;  // the lanes taking part in the exchanges
+  auto partner = [&pairs](auto v) { return __shfl_xor_sync(pairs, v, 16); };
   // (1) min / max and the group maxima of |x|.
-  float lo, hi, group_abs[G];
+  float lo, hi, group_abs[GL];
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    const float4 a = *reinterpret_cast<const float4*>(x + 8 * g);
-    const float4 b = *reinterpret_cast<const float4*>(x + 8 * g + 4);
+  for (int g = 0; g < GL; ++g) {
+    const float4 a = *reinterpret_cast<const float4*>(xl + 8 * g);
+    const float4 b = *reinterpret_cast<const float4*>(xl + 8 * g + 4);
     const float gmax = fmaxf(fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)), fmaxf(fmaxf(b.x, b.y), fmaxf(b.z, b.w)));
     const float gmin = fminf(fminf(fminf(a.x, a.y), fminf(a.z, a.w)), fminf(fminf(b.x, b.y), fminf(b.z, b.w)));
     lo = g == 0 ? gmin : fminf(lo, gmin);
     hi = g == 0 ? gmax : fmaxf(hi, gmax);
     group_abs[g] = fmaxf(gmax, -gmin);
   }
+  if constexpr (LANES == 2) lo = fminf(lo, partner(lo)), hi = fmaxf(hi, partner(hi));  // (a zero's sign: below)
   float tau = INFINITY;
   if constexpr (KMAX > 0) {
     // Top-KMAX magnitudes (descending; -1 = empty) by a branch-free insertion network.
@@ -448,6 +471,22 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
         for (int i = 0; i < 8; ++i) insert(absolute ? fabsf(v[i]) : v[i]);
       }
     };
+    // Two lanes: the partner's list joins this one (KMAX values, taken as two eights); both lanes end
+    // with the same sorted values.
+    auto merge_partner = [&] {
+      if constexpr (LANES == 2) {
+        float other[KMAX];
+#pragma unroll
+        for (int i = 0; i < KMAX; ++i) other[i] = partner(best[i]);
+#pragma unroll
+        for (int i = 0; i < KMAX; i += 8) {
+          float v[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = i + e < KMAX ? other[i + e] : -1.f;
+          insert8(make_float4(v[0], v[1], v[2], v[3]), make_float4(v[4], v[5], v[6], v[7]), false);
+        }
+      }
+    };
     auto kth = [&] {  // best[k_top - 1] without a run-time index
       float v = INFINITY;
 #pragma unroll
@@ -457,13 +496,22 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
 #pragma unroll
     for (int i = 0; i < KMAX; ++i) best[i] = -1.f;
 #pragma unroll
-    for (int g = 0; g < G; g += 8)
+    for (int g = 0; g < GL; g += 8)
       insert8(make_float4(group_abs[g], group_abs[g + 1], group_abs[g + 2], group_abs[g + 3]),
               make_float4(group_abs[g + 4], group_abs[g + 5], group_abs[g + 6], group_abs[g + 7]), false);
+    merge_partner();
     const float bound = kth();  // <= tau
-    unsigned groups = 0;
+    unsigned groups = 0;  // bit g: group g of the row (lane h's groups at bits h GL ..)
 #pragma unroll
-    for (int g = 0; g < G; ++g) groups |= (group_abs[g] >= bound ? 1u : 0u) << g;
+    for (int g = 0; g < GL; ++g) groups |= (group_abs[g] >= bound ? 1u : 0u) << g;
+    if constexpr (LANES == 2) {
+      groups <<= half * GL;
+      groups |= partner(groups);
+      // Lane h takes the candidates of rank h, h + 2, ..: rank parity from the prefix parity of the mask.
+      unsigned below = groups << 1;
+      below ^= below << 1, below ^= below << 2, below ^= below << 4, below ^= below << 8, below ^= below << 16;
+      groups &= half ? below : ~below;
+    }
 #pragma unroll
     for (int i = 0; i < KMAX; ++i) best[i] = -1.f;
     while (groups) {
@@ -471,6 +519,7 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
       groups &= groups - 1;
       insert8(*reinterpret_cast<const float4*>(x + 8 * g), *reinterpret_cast<const float4*>(x + 8 * g + 4), true);
     }
+    merge_partner();
     tau = kth();
   }
   auto clip = [&](float v) { return KMAX > 0 ? fminf(fmaxf(v, -tau), tau) : v; };
@@ -485,18 +534,21 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
   // (2) the three code thresholds, then codes = the number of thresholds reached.
   const int code_low = code_of(lo, tau, scale, r, zero), code_high = code_of(hi, tau, scale, r, zero);
   float tb[3], tc[3];
-  if (!code_thresholds(tau, scale, r, zero, code_low, code_high, tb, tc)) {
-    quantize_row_thread_fallback<D, KMAX>(p, x, row, k_top);
+  const bool thresholds = code_thresholds(tau, scale, r, zero, code_low, code_high, tb, tc);  // alike on both lanes
+  if constexpr (LANES == 2) pairs = __ballot_sync(0xffffffffu, thresholds);
+  if (!thresholds) {
+    if (store && half == 0) quantize_row_thread_fallback<D, KMAX>(p, x, row, k_top);
     return;
   }
   const float b1 = tb[0], c1 = tc[0], b2 = tb[1], c2 = tc[1], b3 = tb[2], c3 = tc[2];
   // Channel c -> byte c % Q, bits 2 (c / Q); two bytes per float accumulator (exact integers < 2^16).
+  // (Two lanes: the upper half's bits are the lower half's shifted by 4, added after the packing.)
   float byte_pairs[Q / 2];
 #pragma unroll
   for (int h = 0; h < Q / 2; ++h) byte_pairs[h] = 0.f;
 #pragma unroll
-  for (int c = 0; c < D; c += 4) {
-    const float4 v4 = *reinterpret_cast<const float4*>(x + c);
+  for (int c = 0; c < D / LANES; c += 4) {
+    const float4 v4 = *reinterpret_cast<const float4*>(xl + c);
     const float v[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -513,7 +565,18 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
   for (int w = 0; w < Q / 4; ++w)  // acc + 2^23 holds acc in its low 16 bits
     packed[w] = __byte_perm(__float_as_uint(__fadd_rn(byte_pairs[2 * w], 0x1p23f)),
                             __float_as_uint(__fadd_rn(byte_pairs[2 * w + 1], 0x1p23f)), 0x5410);
-  store_row_thread<Q>(p, row, packed, scale, zero);
+  if constexpr (LANES == 1) {
+    if (store) store_row_thread<Q>(p, row, packed, scale, zero);
+  } else {  // lane h stores words [h Q/8, (h + 1) Q/8), the partner's bits added
+    uint32_t mine[Q / 8];
+#pragma unroll
+    for (int w = 0; w < Q / 8; ++w) {
+      const uint32_t lower = packed[w], upper = packed[Q / 8 + w];
+      const uint32_t sent = partner(half ? lower << 4 : upper);  // to the lane that stores it
+      mine[w] = half ? (upper << 4) + sent : lower + sent;
+    }
+    if (store) store_row_codes<Q, Q / 8>(p, row, half * (Q / 2), mine, half == 0, scale, zero);
+  }
 }
 
 template <int D, int KMAX>
@@ -634,32 +697,43 @@ __global__ void __launch_bounds__(D) quantize_rows_rotated_kernel(const Quantize
 }
 
 // ---------------------------------------------------------------- rotated path: fp16 split, warp pipelines
-// d <= 128. Persistent CTAs (one per SM at d = 128, two at d = 64) convert R once: each column is scaled by a power of two 2^c_n
-// (max |R[:, n]| in [2^13, 2^14); when all c_n lie within 7 of one another, every column takes the
-// smallest) and split as R = R_hi + R_lo, both fp16 (R_lo the fp16 of the exact fp32 remainder),
-// stored in the B-fragment order of mma.sync m16n8k16 (one 16-byte load per lane, k-step and n-tile).
-// Then every warp runs its own pipeline over 32-row tiles, with no CTA barrier: cp.async of the
-// [32, d] tile; each row is scaled by a power of two 2^r_i (sum |x_i| in [2^13, 2^14), so max |x_i| in
-// [2^6, 2^14)) and split in place the same way, written as the A fragments themselves (see the split
-// below); x.R = hi.hi + hi.lo + lo.hi with fp32 accumulation (the lo.lo term and the rounding of the lo
-// parts are ~2^-22 relative; fp16 range problems are scaled away, no orthogonality assumed), scaled
-// back exactly by 2^-r_i 2^-c_n (one multiplication when the column shifts are one) into the tile;
-// then each lane quantises its row (quantize_row_thread). Independent warps overlap one another's
-// loads, tensor-core work and quantiser (the quantiser needs many rows in flight: with CTA-wide phases
-// it ran on a quarter of the warps and took half the time).
+// d <= 128. Persistent CTAs (one per SM at d = 128, two at d = 64) convert R once: each column is scaled
+// by a power of two 2^c_n (max |R[:, n]| in [2^13, 2^14); when all c_n lie within 7 of one another, every
+// column takes the smallest) and split as R = R_hi + R_lo, both fp16 (R_lo the fp16 of the exact fp32
+// remainder), stored in the B-fragment order of mma.sync m16n8k16 (one 16-byte load per lane, k-step and
+// n-tile) or, for wgmma, as K-major core matrices. Then every warp runs its own pipeline over ROWS-row
+// tiles, with no CTA barrier: cp.async of the [ROWS, d] tile; each row is scaled by a power of two 2^r_i
+// (sum |x_i| in [2^13, 2^14), so max |x_i| in [2^6, 2^14)) and split in place the same way, written as the
+// A fragments themselves (see the split below); x.R = hi.hi + hi.lo + lo.hi with fp32 accumulation (the
+// lo.lo term and the rounding of the lo parts are ~2^-22 relative; fp16 range problems are scaled away,
+// no orthogonality assumed), scaled back exactly by 2^-r_i 2^-c_n (one multiplication when the column
+// shifts are one) into the tile; then the rows are quantised (quantize_row_thread). Independent warps
+// overlap one another's loads, tensor-core work and quantiser.
+// d = 128 (the quantiser, not the tensor cores, sets the pace: with 32-row tiles and 8 warps, 2 per
+// scheduler, 0.54 were eligible): 16-row tiles, 16 warps (4 per scheduler) at <= 128 registers, two lanes
+// per row in the quantiser, and x.R on wgmma (sm_90a builds, kernels/CMakeLists.txt): the four warps of a
+// warpgroup take the consecutive tiles of a 64-row group tile, one wgmma m64n128k16 per k-step and term,
+// A (each warp's fragments) from registers, R_hi / R_lo from shared memory (no per-warp B loads: 16-row
+// tiles on mma.sync would read all of R per 16 rows; measured 470 against 430 us). d = 64: 32-row tiles,
+// 8 warps, two CTAs per SM, mma.sync, one lane per row (wgmma measured 0.8 % slower there).
 // Bank conflicts: the k order inside a k-step is free (A and B permuted alike): lane (g, t) reads k
 // 4t..4t+3 of its row pair with one 16-byte load for hi and one for lo, and fragment row g is tile row
 // rho(g) = g / 2 + 4 (g % 2) (also free), so 8 consecutive lanes hit 8 distinct 16-byte bank groups
 // with the row stride of d + 4 floats (which the thread-per-row passes need).
-constexpr int kWarpRows = 32;    // rows per warp tile
-// Warps per CTA (d = 128: one CTA per SM; shared memory would hold 9 warps, but 9 leave one scheduler
-// with 3 of them and the others with 2: measured 543 against 451 us).
-constexpr int kSplitWarps = 8;
+// (Warps come in fours: 9 warps of 32 rows at d = 128 left one scheduler with 3: 543 against 451 us.)
+template <int D>
+constexpr int split_warp_rows() {
+  return D == 128 ? 16 : 32;
+}
+template <int D>
+constexpr int split_warps() {
+  return D == 128 ? 16 : 8;
+}
 
 template <int D>
 constexpr int split_smem_bytes() {
   return (D / 16) * (D / 8) * 32 * 16  // R fragments
-         + (2 * D + kSplitWarps * kWarpRows * (D + 4)) * (int)sizeof(float);
+         + (2 * D + split_warps<D>() * split_warp_rows<D>() * (D + 4)) * (int)sizeof(float);
 }
 
 // 2^s for s in [-126, 127].
@@ -682,21 +756,73 @@ __device__ __forceinline__ void split_fp16x2(float a, float b, float scale, uint
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
-// The [32, D] tile of rows row0.. into this warp's shared memory (cp.async; rows past the end zeroed).
-template <int D>
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+// d += a b for one warpgroup: wgmma m64nNk16, fp16 operands, fp32 accumulators; a from registers (each
+// warp's 16 rows in the mma.sync m16n8k16 A layout), b from shared memory (descriptor), not transposed.
+template <int N>
+__device__ void wgmma_f16_rs(float (&d)[N / 2], uint4 a, uint64_t b_desc);
+template <>
+__device__ __forceinline__ void wgmma_f16_rs<64>(float (&d)[32], uint4 a, uint64_t b_desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
+      "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(b_desc)
+      : "memory");
+}
+template <>
+__device__ __forceinline__ void wgmma_f16_rs<128>(float (&d)[64], uint4 a, uint64_t b_desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+      "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(b_desc)
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// The compiler sees only the issue of a wgmma: this keeps its accumulators' later uses after the wait.
+__device__ __forceinline__ void fence_register(float& v) { asm volatile("" : "+f"(v)::"memory"); }
+// Descriptor of a K-major, no-swizzle operand at shared address `address`: 128-byte core matrices
+// (8 rows of 16 bytes), the next one along K at +128 bytes (leading byte offset), along N at +256 (stride).
+__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address) {
+  return (uint64_t)((address & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(256 >> 4) << 32;
+}
+#endif
+
+// The [ROWS, D] tile of rows row0.. into this warp's shared memory (cp.async; rows past the end zeroed).
+template <int D, int ROWS>
 __device__ __forceinline__ void load_warp_tile(const QuantizePackParams& p, float* tile, long row0, int lane) {
   constexpr int XS = D + 4;
   static_assert(D / 4 <= 32 && 32 % (D / 4) == 0, "a row is a whole number of 16-byte pieces per warp");
   constexpr int kRowStep = 32 / (D / 4);  // rows per pass of the warp
-  const int rows = (int)min((long)kWarpRows, p.rows - row0);
+  const int rows = (int)min((long)ROWS, p.rows - row0);
   const int c = 4 * (lane % (D / 4)), r0 = lane / (D / 4);
   float* dst = tile + r0 * XS + c;
   const float* src = p.input + (row0 + r0) * D + c;
-  if (rows == kWarpRows) {
+  if (rows == ROWS) {
 #pragma unroll
-    for (int r = 0; r < kWarpRows; r += kRowStep) cp_async16(dst + r * XS, src + r * D);
+    for (int r = 0; r < ROWS; r += kRowStep) cp_async16(dst + r * XS, src + r * D);
   } else {
-    for (int r = 0; r < kWarpRows; r += kRowStep) {
+    for (int r = 0; r < ROWS; r += kRowStep) {
       if (r0 + r < rows) cp_async16(dst + r * XS, src + r * D);
       else *reinterpret_cast<float4*>(dst + r * XS) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
@@ -704,21 +830,33 @@ __device__ __forceinline__ void load_warp_tile(const QuantizePackParams& p, floa
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-// d = 64 runs two CTAs per SM (<= 128 registers; 230 at d = 128, where shared memory allows one).
+// <= 128 registers: 16 warps per SM (d = 128: one CTA of 16; d = 64: two of 8).
 template <int D, int KMAX>
-__global__ void __launch_bounds__(kSplitWarps * 32, D == 64 ? 2 : 1) quantize_rows_rotated_split_kernel(const QuantizePackParams p, int k_top) {
+__global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
+    quantize_rows_rotated_split_kernel(const QuantizePackParams p, int k_top) {
   static_assert(D == 64 || D == 128, "R fragments of d = 256 do not fit in shared memory");
-  constexpr int XS = D + 4, KSTEPS = D / 16, NTILES = D / 8, THREADS = kSplitWarps * 32;
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+  constexpr bool WGMMA = D == 128;
+#endif
+  constexpr int ROWS = split_warp_rows<D>(), WARPS = split_warps<D>(), THREADS = WARPS * 32;
+  constexpr int XS = D + 4, KSTEPS = D / 16, NTILES = D / 8, MTILES = ROWS / 16, LANES = 32 / ROWS;
+  constexpr int PAIRS = ROWS / 2, PARTS = 32 / PAIRS;  // in the split: row pairs, column parts per pair
   extern __shared__ __align__(16) float smem[];
-  uint4* rfrag = reinterpret_cast<uint4*>(smem);          // [D/16 k-steps][D/8 n-tiles][32 lanes]
+  // mma.sync: [D/16 k-steps][D/8 n-tiles][32 lanes] {hi, lo} fragments; wgmma: R_hi then R_lo, each
+  // [D/16 k-steps][D/8 core rows of 8 n][2 core columns of 8 k] core matrices.
+  uint4* rfrag = reinterpret_cast<uint4*>(smem);
   float* col_scale = smem + KSTEPS * NTILES * 32 * 4;     // [D] 2^c_n
   float* col_inverse = col_scale + D;                     // [D] 2^-c_n
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* tile = col_inverse + D + warp * kWarpRows * XS;  // [32][D + 4]: x, split x, then x.R
-  const long tiles = (p.rows + kWarpRows - 1) / kWarpRows;
-  const long stride = (long)gridDim.x * kSplitWarps;
-  long tile_index = (long)blockIdx.x * kSplitWarps + warp;
-  if (tile_index < tiles) load_warp_tile<D>(p, tile, tile_index * kWarpRows, lane);  // overlaps the split of R
+  float* tile = col_inverse + D + warp * ROWS * XS;  // [ROWS][D + 4]: x, split x, then x.R
+  // The warps of a warpgroup take the consecutive tiles of one 4 ROWS-row group tile (all four run every
+  // group tile, past the end with zero rows: wgmma is a warpgroup instruction; broadcast from lane 0,
+  // ptxas knows the loop is warp-uniform and does not serialise the wgmma).
+  const long group_tiles = (p.rows + 4 * ROWS - 1) / (4 * ROWS);
+  const long stride = (long)gridDim.x * (WARPS / 4);
+  long group_index = (long)blockIdx.x * (WARPS / 4) + __shfl_sync(0xffffffffu, warp / 4, 0);
+  const int warp_offset = __shfl_sync(0xffffffffu, warp % 4, 0) * ROWS;
+  if (group_index < group_tiles) load_warp_tile<D, ROWS>(p, tile, group_index * 4 * ROWS + warp_offset, lane);
   // Column shifts. When they all lie within 2^7 of one another (any R of similar columns, e.g.
   // orthogonal), every column takes the smallest one (column maxima scaled into [2^6, 2^14): the lo
   // parts keep their precision as for the rows), so that the result needs one multiplication by
@@ -746,45 +884,68 @@ __global__ void __launch_bounds__(kSplitWarps * 32, D == 64 ? 2 : 1) quantize_ro
     col_inverse[threadIdx.x] = exp2_int(-shift);
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < KSTEPS * NTILES * 32; i += THREADS) {
-    const int l = i % 32, nt = (i / 32) % NTILES, ks = i / (32 * NTILES);
-    const int n = 8 * nt + l / 4, k = 16 * ks + 4 * (l % 4);
-    const float* r = p.rotation + (size_t)k * D + n;
-    const float cs = col_scale[n];
-    uint4 f;
-    split_fp16x2(__ldg(r), __ldg(r + D), cs, f.x, f.z);              // logical k 2t, 2t+1 = k, k + 1
-    split_fp16x2(__ldg(r + 2 * D), __ldg(r + 3 * D), cs, f.y, f.w);  // logical k 2t+8, 2t+9 = k + 2, k + 3
-    rfrag[i] = f;
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+  if constexpr (WGMMA) {
+    // Core-matrix row (k-step ks, column n, core column kc) = logical k 8 kc + 2 j + e (j < 4, e < 2) of the
+    // A fragments = k 16 ks + 4 j + 2 kc + e of R.
+    for (int i = threadIdx.x; i < KSTEPS * D * 2; i += THREADS) {
+      const int kc = i % 2, n = (i / 2) % D, ks = i / (2 * D);
+      const float* r = p.rotation + (size_t)(16 * ks + 2 * kc) * D + n;
+      const float cs = col_scale[n];
+      uint4 hi, lo;
+      split_fp16x2(__ldg(r), __ldg(r + D), cs, hi.x, lo.x);
+      split_fp16x2(__ldg(r + 4 * D), __ldg(r + 5 * D), cs, hi.y, lo.y);
+      split_fp16x2(__ldg(r + 8 * D), __ldg(r + 9 * D), cs, hi.z, lo.z);
+      split_fp16x2(__ldg(r + 12 * D), __ldg(r + 13 * D), cs, hi.w, lo.w);
+      const int at = ks * 2 * D + (n / 8) * 16 + kc * 8 + n % 8;  // 16-byte units
+      rfrag[at] = hi;
+      rfrag[KSTEPS * 2 * D + at] = lo;
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the tensor cores
+  } else
+#endif
+  {
+    for (int i = threadIdx.x; i < KSTEPS * NTILES * 32; i += THREADS) {
+      const int l = i % 32, nt = (i / 32) % NTILES, ks = i / (32 * NTILES);
+      const int n = 8 * nt + l / 4, k = 16 * ks + 4 * (l % 4);
+      const float* r = p.rotation + (size_t)k * D + n;
+      const float cs = col_scale[n];
+      uint4 f;
+      split_fp16x2(__ldg(r), __ldg(r + D), cs, f.x, f.z);              // logical k 2t, 2t+1 = k, k + 1
+      split_fp16x2(__ldg(r + 2 * D), __ldg(r + 3 * D), cs, f.y, f.w);  // logical k 2t+8, 2t+9 = k + 2, k + 3
+      rfrag[i] = f;
+    }
   }
   __syncthreads();  // R ready; from here on the warps are independent (no CTA barrier)
   const int g = lane / 4, t = lane % 4;
   const int rho = g / 2 + 4 * (g % 2);  // tile row of fragment row g (and rho + 8 of g + 8)
-  for (; tile_index < tiles; tile_index += stride) {
-    const long row0 = tile_index * kWarpRows;
-    const int rows = (int)min((long)kWarpRows, p.rows - row0);
+  for (; group_index < group_tiles; group_index += stride) {
+    const long row0 = group_index * 4 * ROWS + warp_offset;
+    const int rows = (int)min((long)ROWS, p.rows - row0);
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncwarp();
-    // Lane (j + 8 m + 16 h) splits columns [h D/2, (h + 1) D/2) of the row pair (16 m + j, 16 m + j + 8)
-    // (the two rows of one A fragment): each 4 columns of both rows become the 16-byte hi fragment
+    // Lane (j + 8 m + PAIRS h) splits columns [h D/PARTS, (h + 1) D/PARTS) of the row pair (16 m + j,
+    // 16 m + j + 8) (the two rows of one A fragment): each 4 columns of both rows become the 16-byte hi fragment
     // {a0, a1, a2, a3} = hi(upper: k, k+1), hi(lower: k, k+1), hi(upper: k+2, k+3), hi(lower: k+2, k+3),
     // stored in place of the upper row's 4 values, and the lo fragment in place of the lower row's, so
     // the mma loads each operand with one 16-byte load straight into its registers (no moves).
     // Row scale: from the sum of |x| (fp32 pipe) instead of the maximum: max |x| 2^r lands in [2^6, 2^14).
     float inverse_upper, inverse_lower;  // 2^-r of this lane's two rows (2^-(r + c): uniform columns)
     {
-      const int j = lane % 8, m = (lane / 8) % 2, h = lane / 16;
-      float* upper = tile + (16 * m + j) * XS + h * (D / 2);
+      const int j = lane % 8, m = (lane % PAIRS) / 8, h = lane / PAIRS;
+      float* upper = tile + (16 * m + j) * XS + h * (D / PARTS);
       float* lower = upper + 8 * XS;
       float su = 0.f, sl = 0.f;
 #pragma unroll 8
-      for (int c = 0; c < D / 2; c += 4) {
+      for (int c = 0; c < D / PARTS; c += 4) {
         const float4 u = *reinterpret_cast<const float4*>(upper + c);
         const float4 v = *reinterpret_cast<const float4*>(lower + c);
         su += fabsf(u.x) + fabsf(u.y) + fabsf(u.z) + fabsf(u.w);
         sl += fabsf(v.x) + fabsf(v.y) + fabsf(v.z) + fabsf(v.w);
       }
-      su += __shfl_xor_sync(0xffffffffu, su, 16);
-      sl += __shfl_xor_sync(0xffffffffu, sl, 16);
+#pragma unroll
+      for (int offset = PAIRS; offset < 32; offset *= 2)  // (a butterfly: the same sum on every lane)
+        su += __shfl_xor_sync(0xffffffffu, su, offset), sl += __shfl_xor_sync(0xffffffffu, sl, offset);
       int ru = fp16_range_shift(su), rl = fp16_range_shift(sl);
       if (uniform_columns) {  // 2^-(r + c) must be a normal float: r + c <= 126 (tiny rows scale less)
         ru = min(ru, 126 - column_shift), rl = min(rl, 126 - column_shift);
@@ -795,7 +956,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32, D == 64 ? 2 : 1) quantize_ro
       }
       const float scale_upper = exp2_int(ru), scale_lower = exp2_int(rl);
 #pragma unroll 8
-      for (int c = 0; c < D / 2; c += 4) {
+      for (int c = 0; c < D / PARTS; c += 4) {
         const float4 u = *reinterpret_cast<const float4*>(upper + c);
         const float4 v = *reinterpret_cast<const float4*>(lower + c);
         uint4 fhi, flo;
@@ -808,39 +969,74 @@ __global__ void __launch_bounds__(kSplitWarps * 32, D == 64 ? 2 : 1) quantize_ro
       }
     }
     __syncwarp();
-    float acc[2][NTILES][4];  // [m-tile][n-tile][fragment]
+    float acc[MTILES][NTILES][4];  // [m-tile][n-tile][fragment]
 #pragma unroll
-    for (int m = 0; m < 2; ++m)
+    for (int m = 0; m < MTILES; ++m)
 #pragma unroll
       for (int n = 0; n < NTILES; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
-#pragma unroll (D == 128 ? 2 : 1)  // d = 64: spills at 128 registers
-    for (int ks = 0; ks < KSTEPS; ++ks) {
-      uint4 a_hi[2], a_lo[2];
+    // The A fragments of k-step ks (hi and lo of each m-tile): one 16-byte load each.
+    auto load_a = [&](int ks, uint4 (&a_hi)[MTILES], uint4 (&a_lo)[MTILES]) {
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < MTILES; ++m) {
         const float* a = tile + (16 * m + rho) * XS + 16 * ks + 4 * t;
         a_hi[m] = *reinterpret_cast<const uint4*>(a);
         a_lo[m] = *reinterpret_cast<const uint4*>(a + 8 * XS);
       }
-      const uint4* bk = rfrag + ks * NTILES * 32 + lane;
-      // One n-tile's B fragment at a time (4 registers, not 4 NTILES): the 2 x 3 mma of consecutive
-      // n-tiles are independent.
+    };
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+    if constexpr (WGMMA) {
+      const uint32_t r_hi = static_cast<uint32_t>(__cvta_generic_to_shared(rfrag)), r_lo = r_hi + KSTEPS * 32 * D;
 #pragma unroll
-      for (int n = 0; n < NTILES; ++n) {
-        const uint4 b = bk[n * 32];
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        uint4 a_hi[MTILES], a_lo[MTILES];
+        load_a(ks, a_hi, a_lo);
+        wgmma_fence();  // the A registers (and, at ks = 0, the zeroed accumulators) written
+        const uint64_t b_hi = wgmma_descriptor(r_hi + ks * 32 * D), b_lo = wgmma_descriptor(r_lo + ks * 32 * D);
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_f16_16816(acc[m][n], a_lo[m].x, a_lo[m].y, a_lo[m].z, a_lo[m].w, b.x, b.y);
+        for (int m = 0; m < MTILES; ++m) wgmma_f16_rs<D>(reinterpret_cast<float(&)[D / 2]>(acc[m]), a_lo[m], b_hi);
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_f16_16816(acc[m][n], a_hi[m].x, a_hi[m].y, a_hi[m].z, a_hi[m].w, b.z, b.w);
+        for (int m = 0; m < MTILES; ++m) wgmma_f16_rs<D>(reinterpret_cast<float(&)[D / 2]>(acc[m]), a_hi[m], b_lo);
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_f16_16816(acc[m][n], a_hi[m].x, a_hi[m].y, a_hi[m].z, a_hi[m].w, b.x, b.y);
+        for (int m = 0; m < MTILES; ++m) wgmma_f16_rs<D>(reinterpret_cast<float(&)[D / 2]>(acc[m]), a_hi[m], b_hi);
+        wgmma_commit();
+      }
+      wgmma_wait_all();
+#pragma unroll
+      for (int m = 0; m < MTILES; ++m)
+#pragma unroll
+        for (int n = 0; n < NTILES; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) fence_register(acc[m][n][e]);
+    } else
+#endif
+    {
+#pragma unroll 1  // (unrolled twice: spills at 128 registers)
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        uint4 a_hi[MTILES], a_lo[MTILES];
+        load_a(ks, a_hi, a_lo);
+        const uint4* bk = rfrag + ks * NTILES * 32 + lane;
+        // One n-tile's B fragment at a time (4 registers, not 4 NTILES): the MTILES x 3 mma of consecutive
+        // n-tiles are independent.
+#pragma unroll
+        for (int n = 0; n < NTILES; ++n) {
+          const uint4 b = bk[n * 32];
+          auto mma = [&](int m, const uint4& a, uint32_t b0, uint32_t b1) {
+            mma_f16_16816(acc[m][n], a.x, a.y, a.z, a.w, b0, b1);
+          };
+#pragma unroll
+          for (int m = 0; m < MTILES; ++m) mma(m, a_lo[m], b.x, b.y);
+#pragma unroll
+          for (int m = 0; m < MTILES; ++m) mma(m, a_hi[m], b.z, b.w);
+#pragma unroll
+          for (int m = 0; m < MTILES; ++m) mma(m, a_hi[m], b.x, b.y);
+        }
       }
     }
-    float rinv[2][2];  // lane 8 m + rho (h = 0) holds the pair (16 m + rho, 16 m + rho + 8)
+    float rinv[MTILES][2];  // lane 8 m + rho (h = 0) holds the pair (16 m + rho, 16 m + rho + 8)
 #pragma unroll
-    for (int m = 0; m < 2; ++m)
+    for (int m = 0; m < MTILES; ++m)
       rinv[m][0] = __shfl_sync(0xffffffffu, inverse_upper, 8 * m + rho),
       rinv[m][1] = __shfl_sync(0xffffffffu, inverse_lower, 8 * m + rho);
     __syncwarp();  // every lane done reading the split x
@@ -848,7 +1044,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32, D == 64 ? 2 : 1) quantize_ro
 #pragma unroll
       for (int n = 0; n < NTILES; ++n)
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
+        for (int m = 0; m < MTILES; ++m) {
           float* c = tile + (16 * m + rho) * XS + 8 * n + 2 * t;
           *reinterpret_cast<float2*>(c) = make_float2(acc[m][n][0] * rinv[m][0], acc[m][n][1] * rinv[m][0]);
           *reinterpret_cast<float2*>(c + 8 * XS) = make_float2(acc[m][n][2] * rinv[m][1], acc[m][n][3] * rinv[m][1]);
@@ -858,7 +1054,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32, D == 64 ? 2 : 1) quantize_ro
       for (int n = 0; n < NTILES; ++n) {
         const float2 ci = *reinterpret_cast<const float2*>(col_inverse + 8 * n + 2 * t);
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
+        for (int m = 0; m < MTILES; ++m) {
           float* c = tile + (16 * m + rho) * XS + 8 * n + 2 * t;
           *reinterpret_cast<float2*>(c) = make_float2(acc[m][n][0] * rinv[m][0] * ci.x, acc[m][n][1] * rinv[m][0] * ci.y);
           *reinterpret_cast<float2*>(c + 8 * XS) =
@@ -867,9 +1063,15 @@ __global__ void __launch_bounds__(kSplitWarps * 32, D == 64 ? 2 : 1) quantize_ro
       }
     }
     __syncwarp();
-    if (lane < rows) quantize_row_thread<D, KMAX>(p, tile + lane * XS, row0 + lane, k_top);
+    if constexpr (LANES == 1) {
+      if (lane < rows) quantize_row_thread<D, KMAX>(p, tile + lane * XS, row0 + lane, k_top);
+    } else {  // lanes r and r + 16 share row r (all lanes take part: the pairs exchange by shuffles)
+      const int r = lane % ROWS;
+      quantize_row_thread<D, KMAX, LANES>(p, tile + r * XS, row0 + r, k_top, r < rows);
+    }
     __syncwarp();  // tile consumed
-    if (tile_index + stride < tiles) load_warp_tile<D>(p, tile, (tile_index + stride) * kWarpRows, lane);
+    if (group_index + stride < group_tiles)
+      load_warp_tile<D, ROWS>(p, tile, (group_index + stride) * 4 * ROWS + warp_offset, lane);
   }
 }
 
@@ -891,16 +1093,17 @@ void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
         cudaFuncSetAttribute(quantize_rows_rotated_split_kernel<D, KMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              split_smem_bytes<D>());
         int n = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, quantize_rows_rotated_split_kernel<D, KMAX>, kSplitWarps * 32,
-                                                      split_smem_bytes<D>());
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, quantize_rows_rotated_split_kernel<D, KMAX>,
+                                                      split_warps<D>() * 32, split_smem_bytes<D>());
         return n > 0 ? n : 1;
       }();
       int device = 0, sms = 0;
       cudaGetDevice(&device);
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-      const long warp_tiles = (p.rows + kWarpRows - 1) / kWarpRows;
-      const long ctas = std::min<long>((warp_tiles + kSplitWarps - 1) / kSplitWarps, (long)per_sm * (sms > 0 ? sms : 1));
-      quantize_rows_rotated_split_kernel<D, KMAX><<<(unsigned)ctas, kSplitWarps * 32, split_smem_bytes<D>(), stream>>>(p, k_top);
+      constexpr int rows_per_cta = split_warps<D>() * split_warp_rows<D>();
+      const long ctas = std::min<long>((p.rows + rows_per_cta - 1) / rows_per_cta, (long)per_sm * (sms > 0 ? sms : 1));
+      quantize_rows_rotated_split_kernel<D, KMAX>
+          <<<(unsigned)ctas, split_warps<D>() * 32, split_smem_bytes<D>(), stream>>>(p, k_top);
     }
     return;
   }
