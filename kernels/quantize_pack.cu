@@ -352,49 +352,44 @@ __device__ __forceinline__ int code_of(float v, float tau, float scale, float r,
   return min(max(code, 0), 3);
 }
 
-// (b[j-1], c[j-1]) with saturate(v b + c) = 1 iff code_of(v) >= j (j = 1, 2, 3), for every row value v
-// (code_low / code_high: the codes of the row's min / max); false if a threshold cannot be expressed so
-// (the caller takes the plain path). The three are independent chains, computed side by side.
-__device__ __forceinline__ bool code_thresholds(float tau, float scale, float r, float zero, int code_low, int code_high,
-                                                float (&b)[3], float (&c)[3]) {
+// (b, c) with saturate(v b + c) = 1 iff code_of(v) >= j = i + 1 (i = 0, 1, 2: the threshold, a run-time value
+// when two lanes share the thresholds), for every row value v (code_low / code_high: the codes of the row's min
+// / max); ok becomes false if the threshold cannot be expressed so (the caller takes the plain path).
+__device__ __forceinline__ void code_threshold(int i, float tau, float scale, float r, float zero, int code_low,
+                                               int code_high, float& b, float& c, bool& ok) {
   // code >= j iff w = RN(q + zero) >= W_j = 0.5 - 2^-25, 1.5, 2.5 (floor(RN(w + 0.5)) >= j), so iff
   // q + zero >= the midpoint below W_j (a tie rounds to even: W_1 is odd, W_2 and W_3 even).
-  constexpr double kMidBelowW[3] = {0.5 - 3 * 0x1p-26, 1.5 - 0x1p-24, 2.5 - 0x1p-23};
-  constexpr bool kWOdd[3] = {true, false, false};
+  const double mid_below_w = i == 0 ? 0.5 - 3 * 0x1p-26 : (i == 1 ? 1.5 - 0x1p-24 : 2.5 - 0x1p-23);
+  const bool w_odd = i == 0;
+  const int j = i + 1;
   const double zero_d = zero, scale_d = scale;
-  bool ok = true;
-#pragma unroll
-  for (int i = 0; i < 3; ++i) {
-    const int j = i + 1;
-    // The smallest float q reaching it, then the smallest v with RN(v / scale) >= q: v / scale >= the
-    // midpoint below q (exact in double).
-    const double q_real = kMidBelowW[i] - zero_d;
-    float q = __double2float_ru(q_real);
-    if (kWOdd[i] && (double)q == q_real) q = float_succ(q);
-    const double v_real = 0.5 * ((double)float_pred(q) + (double)q) * scale_d;
-    float t = __double2float_ru(v_real);
-    if ((__float_as_int(q) & 1) && (double)t == v_real) t = float_succ(t);
-    // The exact check at t and at the float below it, with one float step of slack either way (a
-    // boundary rounded in double, or a flushed subnormal).
-    float below = float_pred(t);
-    int code_t = code_of(t, tau, scale, r, zero), code_below = code_of(below, tau, scale, r, zero);
-    if (code_t < j) {
-      below = t, code_below = code_t, t = float_succ(t);
-      code_t = code_of(t, tau, scale, r, zero);
-    } else if (code_below >= j) {
-      t = below, code_t = code_below, below = float_pred(t);
-      code_below = code_of(below, tau, scale, r, zero);
-    }
-    if (t == 0.f) below = -0x1p-126f, code_below = code_of(below, tau, scale, r, zero);  // no row value between
-    const float step = __fsub_rn(t, below);  // a power of two (exact unless flushed)
-    const bool exact = (fabsf(t) >= 0x1p-125f || t == 0.f) && code_t >= j && code_below < j && step >= 0x1p-126f;
-    b[i] = __int_as_float(0x7f000000 - __float_as_int(step));  // 1 / step
-    c[i] = __fmul_rn(-below, b[i]);  // an integer below 2^25: (v - below) b is exact in the FFMA
-    if (code_low >= j) b[i] = 0.f, c[i] = 1.f;        // every value
-    else if (code_high < j) b[i] = 0.f, c[i] = -1.f;  // none
-    else ok = ok && exact;
+  // The smallest float q reaching it, then the smallest v with RN(v / scale) >= q: v / scale >= the
+  // midpoint below q (exact in double).
+  const double q_real = mid_below_w - zero_d;
+  float q = __double2float_ru(q_real);
+  if (w_odd && (double)q == q_real) q = float_succ(q);
+  const double v_real = 0.5 * ((double)float_pred(q) + (double)q) * scale_d;
+  float t = __double2float_ru(v_real);
+  if ((__float_as_int(q) & 1) && (double)t == v_real) t = float_succ(t);
+  // The exact check at t and at the float below it, with one float step of slack either way (a
+  // boundary rounded in double, or a flushed subnormal).
+  float below = float_pred(t);
+  int code_t = code_of(t, tau, scale, r, zero), code_below = code_of(below, tau, scale, r, zero);
+  if (code_t < j) {
+    below = t, code_below = code_t, t = float_succ(t);
+    code_t = code_of(t, tau, scale, r, zero);
+  } else if (code_below >= j) {
+    t = below, code_t = code_below, below = float_pred(t);
+    code_below = code_of(below, tau, scale, r, zero);
   }
-  return ok;
+  if (t == 0.f) below = -0x1p-126f, code_below = code_of(below, tau, scale, r, zero);  // no row value between
+  const float step = __fsub_rn(t, below);  // a power of two (exact unless flushed)
+  const bool exact = (fabsf(t) >= 0x1p-125f || t == 0.f) && code_t >= j && code_below < j && step >= 0x1p-126f;
+  b = __int_as_float(0x7f000000 - __float_as_int(step));  // 1 / step
+  c = __fmul_rn(-below, b);  // an integer below 2^25: (v - below) b is exact in the FFMA
+  if (code_low >= j) b = 0.f, c = 1.f;        // every value
+  else if (code_high < j) b = 0.f, c = -1.f;  // none
+  else ok = ok && exact;
 }
 
 // Sorts v descending with a sorting network (N = 4, 6, 8: 5, 12, 19 comparators; checked on all 0/1 inputs).
@@ -418,9 +413,9 @@ __device__ __forceinline__ void sort_descending(float (&v)[N]) {
 // LANES = 1: the thread quantises its row alone. LANES = 2: lanes l and l ^ 16 share the row, each
 // taking the half [h D/2, (h + 1) D/2) of its columns (h = 1 for the upper lane) in the passes over
 // the values and half of the candidate groups of the threshold search (lists and masks exchanged by
-// shuffles, merged alike on both lanes); both compute the per-row scalars (metadata, code thresholds)
-// and each stores half of the codes. Every lane of the warp must call it (store = false: a row past the
-// end, quantised but not stored).
+// shuffles, merged alike on both lanes); both compute the metadata, the code thresholds are shared out (one
+// each, one on both) and each stores half of the codes. Every lane of the warp must call it (store = false: a
+// row past the end, quantised but not stored).
 template <int D, int KMAX, int LANES = 1>
 __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p, const float* x, long row, int k_top,
                                                     bool store = true) {
@@ -534,8 +529,21 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
   // (2) the three code thresholds, then codes = the number of thresholds reached.
   const int code_low = code_of(lo, tau, scale, r, zero), code_high = code_of(hi, tau, scale, r, zero);
   float tb[3], tc[3];
-  const bool thresholds = code_thresholds(tau, scale, r, zero, code_low, code_high, tb, tc);  // alike on both lanes
-  if constexpr (LANES == 2) pairs = __ballot_sync(0xffffffffu, thresholds);
+  bool thresholds = true;
+  if constexpr (LANES == 1) {  // three independent chains, side by side
+#pragma unroll
+    for (int i = 0; i < 3; ++i) code_threshold(i, tau, scale, r, zero, code_low, code_high, tb[i], tc[i], thresholds);
+  } else {  // the warp runs two chains, not three: j = 1 (lower lane) or 3 (upper), exchanged, and j = 2 on both
+    float b_own, c_own;
+    code_threshold(2 * half, tau, scale, r, zero, code_low, code_high, b_own, c_own, thresholds);
+    code_threshold(1, tau, scale, r, zero, code_low, code_high, tb[1], tc[1], thresholds);
+    const float b_other = partner(b_own), c_other = partner(c_own);
+    tb[0] = half ? b_other : b_own, tc[0] = half ? c_other : c_own;
+    tb[2] = half ? b_own : b_other, tc[2] = half ? c_own : c_other;
+    const unsigned own = __ballot_sync(0xffffffffu, thresholds);
+    pairs = own & (own >> 16 | own << 16);  // rows whose thresholds both lanes could express
+    thresholds = pairs >> (threadIdx.x % 32) & 1u;
+  }
   if (!thresholds) {
     if (store && half == 0) quantize_row_thread_fallback<D, KMAX>(p, x, row, k_top);
     return;
