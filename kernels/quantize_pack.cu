@@ -371,20 +371,34 @@ __device__ __forceinline__ void code_threshold(int i, float tau, float scale, fl
   const double v_real = 0.5 * ((double)float_pred(q) + (double)q) * scale_d;
   float t = __double2float_ru(v_real);
   if ((__float_as_int(q) & 1) && (double)t == v_real) t = float_succ(t);
-  // The exact check at t and at the float below it, with one float step of slack either way (a
-  // boundary rounded in double, or a flushed subnormal).
   float below = float_pred(t);
-  int code_t = code_of(t, tau, scale, r, zero), code_below = code_of(below, tau, scale, r, zero);
-  if (code_t < j) {
-    below = t, code_below = code_t, t = float_succ(t);
-    code_t = code_of(t, tau, scale, r, zero);
-  } else if (code_below >= j) {
-    t = below, code_t = code_below, below = float_pred(t);
-    code_below = code_of(below, tau, scale, r, zero);
+  bool exact = true;
+  // Where 2^-40 <= scale <= 2^60 and |zero| < 2^26, t is the threshold without a check. (1) q: M = the midpoint
+  // below W_j is a midpoint between floats at least 2^-26 from both; q_real = M - zero is exact in double for
+  // 2^-27 <= |zero| < 2^26 (M is a multiple of 2^-26: multiples of 2^-26 below 2^27, or of 2^-50 below 2^3) and
+  // for zero = 0, and for |zero| < 2^-27 (flushed or not) lies strictly between the two floats around M, as M -
+  // zero does: q is the smallest float with RN(q + zero) >= W_j, and |q| >= 2^-26. (2) v_real: pred(q) + q has
+  // <= 26 bits, times scale <= 50 bits: exact, so t is the smallest float with v / scale reaching the midpoint
+  // below q (strictly when q is odd), i.e. with RN(v / scale) >= q, 2^-67 <= |t| < 2^87. (3) code_of at t and
+  // below: the clip leaves them (tau >= t > clip(lo) >= -tau when code_low < j <= code_high), r = RN(1 / scale)
+  // and q0 are normal, the residual v - q0 scale a non-zero multiple of 2^-114 or 0: nothing flushed, so
+  // code_of's division is RN(v / scale) (Markstein, as in the plain path) and code_of(t) >= j > code_of(below).
+  // Elsewhere: the exact check at t and at the float below it, with one float step of slack either way (a
+  // boundary rounded in double, or a flushed subnormal).
+  if (!(scale >= 0x1p-40f && scale <= 0x1p60f && fabsf(zero) < 0x1p26f)) {
+    int code_t = code_of(t, tau, scale, r, zero), code_below = code_of(below, tau, scale, r, zero);
+    if (code_t < j) {
+      below = t, code_below = code_t, t = float_succ(t);
+      code_t = code_of(t, tau, scale, r, zero);
+    } else if (code_below >= j) {
+      t = below, code_t = code_below, below = float_pred(t);
+      code_below = code_of(below, tau, scale, r, zero);
+    }
+    if (t == 0.f) below = -0x1p-126f, code_below = code_of(below, tau, scale, r, zero);  // no row value between
+    exact = (fabsf(t) >= 0x1p-125f || t == 0.f) && code_t >= j && code_below < j;
   }
-  if (t == 0.f) below = -0x1p-126f, code_below = code_of(below, tau, scale, r, zero);  // no row value between
   const float step = __fsub_rn(t, below);  // a power of two (exact unless flushed)
-  const bool exact = (fabsf(t) >= 0x1p-125f || t == 0.f) && code_t >= j && code_below < j && step >= 0x1p-126f;
+  exact = exact && step >= 0x1p-126f;
   b = __int_as_float(0x7f000000 - __float_as_int(step));  // 1 / step
   c = __fmul_rn(-below, b);  // an integer below 2^25: (v - below) b is exact in the FFMA
   if (code_low >= j) b = 0.f, c = 1.f;        // every value

@@ -264,10 +264,11 @@ TEST(QuantizePack, RotationBySignedPermutationBitIdentical) {
       x[5] = 40.0f;
       for (int i = 0; i < d; ++i) x[2 * static_cast<size_t>(d) + i] = 0.5f;
       // A tiny row (one scale only: its shifted values stay normal, >= 2^-125): the steps of its code
-      // thresholds fall below the normal range, so the quantiser takes its per-value fallback.
+      // thresholds fall below the normal range, so the quantiser takes its per-value fallback. A small one
+      // (2^-60): its scale is below 2^-40, so its thresholds are checked, not taken as exact.
       if (!c.spread_columns)
-        for (size_t i = 3 * static_cast<size_t>(d); i < 4 * static_cast<size_t>(d); ++i)
-          x[i] = std::ldexp(x[i], -120);
+        for (size_t i = 3 * static_cast<size_t>(d); i < 5 * static_cast<size_t>(d); ++i)
+          x[i] = std::ldexp(x[i], i < 4 * static_cast<size_t>(d) ? -120 : -60);
     }
     std::vector<int> column(d);
     std::iota(column.begin(), column.end(), 0);
