@@ -779,26 +779,9 @@ __device__ __forceinline__ void split_fp16x2(float a, float b, float scale, uint
 }
 
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
-// d += a b for one warpgroup: wgmma m64nNk16, fp16 operands, fp32 accumulators; a from registers (each
+// d += a b for one warpgroup: wgmma m64n128k16 (d = 128), fp16 operands, fp32 accumulators; a from registers (each
 // warp's 16 rows in the mma.sync m16n8k16 A layout), b from shared memory (descriptor), not transposed.
-template <int N>
-__device__ void wgmma_f16_rs(float (&d)[N / 2], uint4 a, uint64_t b_desc);
-template <>
-__device__ __forceinline__ void wgmma_f16_rs<64>(float (&d)[32], uint4 a, uint64_t b_desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16\n"
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
-      "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(b_desc)
-      : "memory");
-}
-template <>
-__device__ __forceinline__ void wgmma_f16_rs<128>(float (&d)[64], uint4 a, uint64_t b_desc) {
+__device__ __forceinline__ void wgmma_f16_rs(float (&d)[64], uint4 a, uint64_t b_desc) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16\n"
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
@@ -1017,11 +1000,11 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
         wgmma_fence();  // the A registers (and, at ks = 0, the zeroed accumulators) written
         const uint64_t b_hi = wgmma_descriptor(r_hi + ks * 32 * D), b_lo = wgmma_descriptor(r_lo + ks * 32 * D);
 #pragma unroll
-        for (int m = 0; m < MTILES; ++m) wgmma_f16_rs<D>(reinterpret_cast<float(&)[D / 2]>(acc[m]), a_lo[m], b_hi);
+        for (int m = 0; m < MTILES; ++m) wgmma_f16_rs(reinterpret_cast<float(&)[64]>(acc[m]), a_lo[m], b_hi);
 #pragma unroll
-        for (int m = 0; m < MTILES; ++m) wgmma_f16_rs<D>(reinterpret_cast<float(&)[D / 2]>(acc[m]), a_hi[m], b_lo);
+        for (int m = 0; m < MTILES; ++m) wgmma_f16_rs(reinterpret_cast<float(&)[64]>(acc[m]), a_hi[m], b_lo);
 #pragma unroll
-        for (int m = 0; m < MTILES; ++m) wgmma_f16_rs<D>(reinterpret_cast<float(&)[D / 2]>(acc[m]), a_hi[m], b_hi);
+        for (int m = 0; m < MTILES; ++m) wgmma_f16_rs(reinterpret_cast<float(&)[64]>(acc[m]), a_hi[m], b_hi);
         wgmma_commit();
       }
       wgmma_wait_all();
