@@ -256,7 +256,7 @@ EvalResult run_evaluation(const ActivationSource& source, const EvalConfig& conf
         std::vector<float> value_rotation_f(static_cast<size_t>(d) * d);
         for (int i = 0; i < d; ++i)
           for (int j = 0; j < d; ++j) value_rotation_f[static_cast<size_t>(i) * d + j] = static_cast<float>(value_rotation(i, j));
-        HeadRows head_rows{layer, h, d, needed, ref_k[h].data(), ref_v[h].data()};
+        HeadRows head_rows{layer, h, d, needed, ref_k[h].data(), ref_v[h].data(), {}};
         for (const auto& keys : ref_k) head_rows.layer_keys.push_back(keys.data());  // whole-layer methods (oscars)
         const EncodedSequence encoded = method.encode(head_rows);
         // Tokens of the sink prefix are never demoted, so only rows after it must be finite.
