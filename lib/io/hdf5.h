@@ -125,7 +125,8 @@ class File {
   void write_rows(const std::string& dataset, int64_t first, int64_t count, const float* data);
   // The same stored bytes as write_rows, encoded on `threads` threads: for the datasets whose chunks
   // read_rows_parallel decodes, rows covering whole chunks are converted, shuffled and deflated
-  // (zlib at the dataset's level, run-length strategy) in parallel and stored with H5Dwrite_chunk.
+  // (zlib at the dataset's level, run-length strategy, near-random byte planes stored: deflate_chunk)
+  // in parallel and stored with H5Dwrite_chunk.
   // Other datasets and row ranges go through write_rows.
   void write_rows_parallel(const std::string& dataset, int64_t first, int64_t count, const float* data, int threads);
   // Whole datasets of other types.
