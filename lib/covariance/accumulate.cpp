@@ -1,5 +1,6 @@
-// Statistics accumulation (see accumulate.h). Two passes per layer over all dumps: the first sums
-// C_Q, K^T K and V^T V; the second weights values by w_t = k_t C_Q k_t^T (needs the finished C_Q).
+// Statistics accumulation (see accumulate.h). Two passes per layer over all dumps: the first reads Q
+// and sums C_Q; the second reads K and V, sums K^T K and V^T V and weights values by
+// w_t = k_t C_Q k_t^T (needs the finished C_Q). Each stored tensor is decoded once per layer.
 // value_scores is computed per sequence from sampled queries (O(samples * T * d) per head).
 #include "covariance/accumulate.h"
 
@@ -35,7 +36,7 @@ struct BlockRead {
   const DumpReader* reader;
   int layer;
   int64_t first, count;
-  bool with_queries;
+  StoredTensors tensors;
 };
 
 // The blocks of the whole run, read in the order the accumulation uses them (layer by layer, pass by
@@ -84,7 +85,7 @@ class BlockPipeline {
 
  private:
   static StoredBlockRead plan(const BlockRead& r) {
-    return r.reader->plan_stored(r.layer, r.first, r.count, r.with_queries);
+    return r.reader->plan_stored(r.layer, r.first, r.count, r.tensors);
   }
   std::vector<BlockRead> reads_;
   size_t index_ = 0;  // blocks decoded
@@ -152,12 +153,13 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
   Progress progress("accumulate", passes * stats.tokens * layers.size(), "tokens", options.quiet);
 
   // Work items of equal size, many more than KV heads so that every core has work: pass 1 has one
-  // item per query head (into its own partial C_Q sum), per K head and per V head; pass 2 one per KV
-  // head and sub-block residue modulo kProxyParts (into partial proxy sums). Every item adds its
-  // sub-blocks in token order and the partial sums are added up in a fixed order at the end of the
-  // layer: the result does not depend on the thread count or the block size.
+  // item per query head (into its own partial C_Q sum); pass 2 one per K head and per V head (K^T K,
+  // V^T V; the longer items first), then one per KV head and sub-block residue modulo kProxyParts (into
+  // partial proxy sums).
+  // Every item adds its sub-blocks in token order and the partial sums are added up in a fixed order
+  // at the end of the layer: the result does not depend on the thread count or the block size.
   constexpr int kProxyParts = 4;
-  const int items1 = hq + 2 * hkv, items2 = hkv * kProxyParts;
+  const int items1 = hq, proxy_items = hkv * kProxyParts, items2 = 2 * hkv + proxy_items;
   // Buffers reused for the whole run: float64 sub-block rows per worker, the partial sums.
   struct Scratch {
     std::vector<double> rows, keys, weighted_keys;
@@ -168,15 +170,15 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
     s.keys.resize(kSubRows * d);
     s.weighted_keys.resize(kSubRows * d);
   }
-  std::vector<double> query_partial(hq * dd), proxy_partial(items2 * dd), proxy_weight(items2);
+  std::vector<double> query_partial(hq * dd), proxy_partial(proxy_items * dd), proxy_weight(proxy_items);
 
   // Every block of the run, in the order the loops below use them.
   std::vector<BlockRead> reads;
   for (int layer : layers)
-    for (bool with_queries : {true, false})
+    for (StoredTensors tensors : {StoredTensors::queries, StoredTensors::keys_values})
       for (const auto& r : readers)
         for (int64_t first = 0; first < r->info().tokens; first += block_tokens)
-          reads.push_back({r.get(), layer, first, std::min(block_tokens, r->info().tokens - first), with_queries});
+          reads.push_back({r.get(), layer, first, std::min(block_tokens, r->info().tokens - first), tensors});
   BlockPipeline pipeline(std::move(reads), threads);
   const StoredActivations& block = pipeline.block();
   // Widens rows [first, first + count) of one head of the block; a non-finite value is an error
@@ -192,32 +194,24 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
 
   for (int layer : layers) {
     LayerStatistics& ls = *const_cast<LayerStatistics*>(stats.find_layer(layer));
-    // Pass 1: C_Q, K^T K, V^T V.
+    // Pass 1: C_Q.
     std::fill(query_partial.begin(), query_partial.end(), 0.0);
     for (const auto& r : readers) {
       for (int64_t done = 0; done < r->info().tokens;) {
         reader = pipeline.read().reader;
-        OSCAR_CHECK(block.layer == layer && reader == r.get() && pipeline.read().with_queries, "blocks out of order");
+        OSCAR_CHECK(block.layer == layer && reader == r.get() && pipeline.read().tensors == StoredTensors::queries,
+                    "blocks out of order");
         const int64_t n = block.tokens;
         done += n;
         pipeline.step(items1, [&](int i, int worker) {
           Scratch& s = scratch[worker];
-          const char* name = i < hq ? "q" : i < hq + hkv ? "k" : "v";
-          const int heads = i < hq ? hq : hkv, head = i < hq ? i : i < hq + hkv ? i - hq : i - hq - hkv;
-          double* sum = i < hq            ? query_partial.data() + i * dd
-                        : i < hq + hkv    ? ls.of(Target::key_gram).sum.data() + head * dd
-                                          : ls.of(Target::value_gram).sum.data() + head * dd;
           for (int64_t first = 0; first < n; first += kSubRows) {
             const int64_t rows = std::min(kSubRows, n - first);
-            widen(name, heads, head, first, rows, s.rows.data());
-            add_gram(s.rows.data(), rows, d, sum);
+            widen("q", hq, i, first, rows, s.rows.data());
+            add_gram(s.rows.data(), rows, d, query_partial.data() + i * dd);
           }
         });
-        for (int h = 0; h < hkv; ++h) {
-          ls.of(Target::key_query).weight[h] += static_cast<double>(n * g);
-          ls.of(Target::key_gram).weight[h] += static_cast<double>(n);
-          ls.of(Target::value_gram).weight[h] += static_cast<double>(n);
-        }
+        for (int h = 0; h < hkv; ++h) ls.of(Target::key_query).weight[h] += static_cast<double>(n * g);
         progress.advance(static_cast<double>(n));
       }
     }
@@ -228,8 +222,7 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
         for (size_t e = 0; e < dd; ++e) sum[e] += part[e];
       }
     }
-    for (Target t : {Target::key_query, Target::key_gram, Target::value_gram})
-      for (int h = 0; h < hkv; ++h) symmetrise_upper(ls.of(t).sum.data() + h * dd, d);
+    for (int h = 0; h < hkv; ++h) symmetrise_upper(ls.of(Target::key_query).sum.data() + h * dd, d);
 
     // C_Q per KV head for the proxy weights (full symmetric, row-major).
     std::vector<std::vector<double>> query_cov(hkv);
@@ -244,19 +237,33 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
         for (size_t e = 0; e < dd; ++e) query_cov[h][e] = sum[e] * inverse_weight;
       }
     }
-    // Pass 2: sum_t w_t v_t^T v_t with w_t = k_t C_Q k_t^T (>= 0: C_Q is positive semi-definite).
+    // Pass 2: K^T K, V^T V and sum_t w_t v_t^T v_t with w_t = k_t C_Q k_t^T (>= 0: C_Q is positive
+    // semi-definite).
     std::fill(proxy_partial.begin(), proxy_partial.end(), 0.0);
     std::fill(proxy_weight.begin(), proxy_weight.end(), 0.0);
     for (const auto& r : readers) {
       for (int64_t done = 0; done < r->info().tokens;) {
         reader = pipeline.read().reader;
-        OSCAR_CHECK(block.layer == layer && reader == r.get() && !pipeline.read().with_queries, "blocks out of order");
+        OSCAR_CHECK(block.layer == layer && reader == r.get() && pipeline.read().tensors == StoredTensors::keys_values,
+                    "blocks out of order");
         const int64_t n = block.tokens;
         done += n;
         const int64_t first_sub = block.first_token / kSubRows;
         pipeline.step(items2, [&](int i, int worker) {
-          const int h = i / kProxyParts, part = i % kProxyParts;
           Scratch& s = scratch[worker];
+          if (i < 2 * hkv) {
+            const bool keys = i < hkv;
+            const int head = keys ? i : i - hkv;
+            double* sum = ls.of(keys ? Target::key_gram : Target::value_gram).sum.data() + head * dd;
+            for (int64_t first = 0; first < n; first += kSubRows) {
+              const int64_t rows = std::min(kSubRows, n - first);
+              widen(keys ? "k" : "v", hkv, head, first, rows, s.rows.data());
+              add_gram(s.rows.data(), rows, d, sum);
+            }
+            return;
+          }
+          const int proxy = i - 2 * hkv;
+          const int h = proxy / kProxyParts, part = proxy % kProxyParts;
           // The block starts at a multiple of kSubRows: sub-block j of the block is the dump's
           // sub-block first_sub + j.
           for (int64_t j = (part - first_sub % kProxyParts + kProxyParts) % kProxyParts; j * kSubRows < n;
@@ -279,10 +286,14 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
               double* v = s.rows.data() + t * d;
               for (int c = 0; c < d; ++c) v[c] *= root;
             }
-            add_gram(s.rows.data(), rows, d, proxy_partial.data() + i * dd);
-            proxy_weight[i] += total_weight;
+            add_gram(s.rows.data(), rows, d, proxy_partial.data() + proxy * dd);
+            proxy_weight[proxy] += total_weight;
           }
         });
+        for (int h = 0; h < hkv; ++h) {
+          ls.of(Target::key_gram).weight[h] += static_cast<double>(n);
+          ls.of(Target::value_gram).weight[h] += static_cast<double>(n);
+        }
         progress.advance(static_cast<double>(n));
       }
     }
@@ -293,7 +304,8 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
         for (size_t e = 0; e < dd; ++e) sum[e] += partial[e];
         ls.of(Target::value_proxy).weight[h] += proxy_weight[h * kProxyParts + part];
       }
-      symmetrise_upper(sum, d);
+      for (Target t : {Target::value_proxy, Target::key_gram, Target::value_gram})
+        symmetrise_upper(ls.of(t).sum.data() + h * dd, d);
     }
 
     // Pass 3: attention outputs of sampled queries, per sequence (causal, never across sequences).

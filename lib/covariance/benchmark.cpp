@@ -81,15 +81,15 @@ ReportTable run_calibration_benchmark(const std::string& dump_path, const Calibr
   const double flops = accumulation_flops(probe.info().tokens, static_cast<int>(probe.info().layers.size()),
                                           g.num_q_heads, g.num_kv_heads, d);
 
-  // Reading alone: the blocks of both passes (with and without queries), decoded as the accumulation
+  // Reading alone: the blocks of both passes (Q, then K and V), decoded as the accumulation
   // decodes them, with no computation; shows what the dump's storage (compressed or not) costs.
   start = std::chrono::steady_clock::now();
   StoredActivations block;
   for (int layer : probe.info().layers)
-    for (bool with_queries : {true, false})
+    for (StoredTensors tensors : {StoredTensors::queries, StoredTensors::keys_values})
       for (int64_t first = 0; first < probe.info().tokens; first += block_tokens)
-        probe.read_stored_into(block, layer, first, std::min(block_tokens, probe.info().tokens - first),
-                               with_queries, threads);
+        probe.read_stored_into(block, layer, first, std::min(block_tokens, probe.info().tokens - first), tensors,
+                               threads);
   const double read_seconds = seconds_since(start);
 
   CalibrateOptions calibrate;

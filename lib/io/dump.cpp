@@ -161,7 +161,7 @@ void DumpReader::read_layer_into(LayerActivations& a, int layer, int64_t first, 
   }
 }
 
-StoredBlockRead DumpReader::plan_stored(int layer, int64_t first, int64_t count, bool with_queries) const {
+StoredBlockRead DumpReader::plan_stored(int layer, int64_t first, int64_t count, StoredTensors tensors) const {
   OSCAR_CHECK(std::find(info_.layers.begin(), info_.layers.end(), layer) != info_.layers.end(),
               "{}: layer {} is not in this dump (layers present: {})", path_, layer, fmt::join(info_.layers, ","));
   OSCAR_CHECK(first >= 0 && count >= 0 && first + count <= info_.tokens,
@@ -172,9 +172,9 @@ StoredBlockRead DumpReader::plan_stored(int layer, int64_t first, int64_t count,
   plan.layer_ = layer;
   plan.first_ = first;
   plan.count_ = count;
-  plan.with_queries_ = with_queries;
+  plan.tensors_ = tensors;
   for (const char* name : {"q", "k", "v"}) {
-    if (name[0] == 'q' && !with_queries) continue;
+    if ((name[0] == 'q') != (tensors == StoredTensors::queries)) continue;
     StoredBlockRead::Part part{layer_path(layer, name), std::nullopt};
     if (count > 0) part.chunks = impl_->file.plan_stored_rows(part.dataset, first, count);
     plan.total_ += part.chunks ? part.chunks->chunks() : 0;
@@ -191,7 +191,7 @@ void StoredBlockRead::bind(StoredActivations& a) {
   a.layer = layer_;
   a.first_token = first_;
   a.tokens = count_;
-  a.with_queries = with_queries_;
+  a.tensors = tensors_;
   a.dtype = info.dtype;
   const size_t kv_bytes = static_cast<size_t>(count_) * g.num_kv_heads * g.head_dim * bytes;
   for (Part& part : parts_) {
@@ -219,9 +219,9 @@ void StoredBlockRead::run(int task, h5::File::ChunkScratch& scratch) const {
   fail("StoredBlockRead: task {} out of range", task);
 }
 
-void DumpReader::read_stored_into(StoredActivations& a, int layer, int64_t first, int64_t count, bool with_queries,
-                                  int threads) const {
-  StoredBlockRead plan = plan_stored(layer, first, count, with_queries);
+void DumpReader::read_stored_into(StoredActivations& a, int layer, int64_t first, int64_t count,
+                                  StoredTensors tensors, int threads) const {
+  StoredBlockRead plan = plan_stored(layer, first, count, tensors);
   plan.bind(a);
   impl_->buffers.resize(std::max<size_t>(impl_->buffers.size(), parallel_workers(plan.tasks(), threads)));
   parallel_for_dynamic(plan.tasks(), threads, [&](int t, int worker) { plan.run(t, impl_->buffers[worker]); });

@@ -48,15 +48,19 @@ struct LayerActivations {
   std::vector<float> v;  // [tokens, Hkv, d]
 };
 
+// The tensors a stored read takes: the accumulation's first pass needs only Q, its second K and V, so
+// each stored tensor is decoded once per layer.
+enum class StoredTensors { queries, keys_values };
+
 // One layer's activations (a token range of it) as the dump stores them: the bytes of Q [tokens, Hq, d]
-// (when with_queries), K and V [tokens, Hkv, d] in `dtype` (2 or 4 bytes per value), neither converted
+// or of K and V [tokens, Hkv, d] (see StoredTensors) in `dtype` (2 or 4 bytes per value), neither converted
 // nor checked; the buffers may be longer than that (they only grow, so that streaming blocks through
 // them never zero-fills). The accumulation streams these and widens one head's rows at a time with
 // stored_rows_to_double: a block costs its stored size in memory and no float32 pass.
 struct StoredActivations {
   int layer = 0;
   int64_t first_token = 0, tokens = 0;
-  bool with_queries = false;
+  StoredTensors tensors = StoredTensors::queries;
   StorageType dtype = StorageType::float32;
   std::vector<unsigned char> q, k, v;
 };
@@ -84,8 +88,8 @@ class StoredBlockRead {
   const h5::File* file_ = nullptr;
   int layer_ = 0;
   int64_t first_ = 0, count_ = 0;
-  bool with_queries_ = false;
-  std::vector<Part> parts_;  // Q (when read), K, V
+  StoredTensors tensors_ = StoredTensors::queries;
+  std::vector<Part> parts_;  // Q, or K and V
   int total_ = 0;
 };
 
@@ -107,11 +111,11 @@ class DumpReader {
   // with the stored chunks decoded (inflated, converted) on `threads` threads.
   void read_layer_into(LayerActivations& out, int layer, int64_t first, int64_t count, bool with_queries,
                        int threads) const;
-  // The same token range as stored (see StoredActivations; with_queries = false reads no queries):
-  // plan_stored splits the read (see StoredBlockRead); read_stored_into plans it, binds `out` and runs
-  // the decoding on `threads` threads.
-  StoredBlockRead plan_stored(int layer, int64_t first, int64_t count, bool with_queries) const;
-  void read_stored_into(StoredActivations& out, int layer, int64_t first, int64_t count, bool with_queries,
+  // The same token range as stored, Q or K and V (see StoredActivations): plan_stored splits the read
+  // (see StoredBlockRead); read_stored_into plans it, binds `out` and runs the decoding on `threads`
+  // threads.
+  StoredBlockRead plan_stored(int layer, int64_t first, int64_t count, StoredTensors tensors) const;
+  void read_stored_into(StoredActivations& out, int layer, int64_t first, int64_t count, StoredTensors tensors,
                         int threads) const;
   // Rows per HDF5 chunk along T of this layer's K (the natural streaming granularity).
   int64_t chunk_tokens(int layer) const;
