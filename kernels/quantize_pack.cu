@@ -735,10 +735,13 @@ __global__ void __launch_bounds__(D) quantize_rows_rotated_kernel(const Quantize
 // scheduler, 0.54 were eligible): 16-row tiles, 16 warps (4 per scheduler) at <= 128 registers, two lanes
 // per row in the quantiser, and x.R on wgmma (sm_90a builds, kernels/CMakeLists.txt): the four warps of a
 // warpgroup take the consecutive tiles of a 64-row group tile, one wgmma m64n128k16 per k-step and term,
-// A (each warp's fragments) from registers, R_hi / R_lo from shared memory (no per-warp B loads: 16-row
-// tiles on mma.sync would read all of R per 16 rows; measured 470 against 430 us). d = 64: 32-row tiles,
-// 8 warps, two CTAs per SM, mma.sync, one lane per row (wgmma measured 0.8 % slower there).
-// Bank conflicts: the k order inside a k-step is free (A and B permuted alike): lane (g, t) reads k
+// A (the split x of the four tiles) and R_hi / R_lo from shared memory (no per-warp B loads: 16-row tiles on
+// mma.sync would read all of R per 16 rows; measured 470 against 430 us). A from shared memory rather than from
+// registers (each warp's mma.sync fragments, as before): with the A registers of every wgmma in flight ptxas ran
+// out of registers and serialised the 24 wgmma of a tile (C7511; ~29 % of the warps' time waited there): 380 ->
+// 362 us. d = 64: 32-row tiles, 8 warps, two CTAs per SM, mma.sync, one lane per row (wgmma measured 0.8 %
+// slower there).
+// Bank conflicts (mma.sync): the k order inside a k-step is free (A and B permuted alike): lane (g, t) reads k
 // 4t..4t+3 of its row pair with one 16-byte load for hi and one for lo, and fragment row g is tile row
 // rho(g) = g / 2 + 4 (g % 2) (also free), so 8 consecutive lanes hit 8 distinct 16-byte bank groups
 // with the row stride of d + 4 floats (which the thread-per-row passes need).
@@ -778,17 +781,20 @@ __device__ __forceinline__ void split_fp16x2(float a, float b, float scale, uint
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
+// Byte offset of the second 8-row group of a 16-row warp tile (d = 128; the split x as the wgmma A operand).
+constexpr uint32_t kSplitGroupBytes = 8 * (128 + 4) * (uint32_t)sizeof(float);
+
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
-// d += a b for one warpgroup: wgmma m64n128k16 (d = 128), fp16 operands, fp32 accumulators; a from registers (each
-// warp's 16 rows in the mma.sync m16n8k16 A layout), b from shared memory (descriptor), not transposed.
-__device__ __forceinline__ void wgmma_f16_rs(float (&d)[64], uint4 a, uint64_t b_desc) {
+// d += a b for one warpgroup: wgmma m64n128k16 (d = 128), fp16 operands, fp32 accumulators; a and b from shared
+// memory (descriptors), K-major, not transposed.
+__device__ __forceinline__ void wgmma_f16_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16\n"
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
-      "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
+      "%64, %65, 1, 1, 1, 0, 0;\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
         "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
@@ -797,7 +803,7 @@ __device__ __forceinline__ void wgmma_f16_rs(float (&d)[64], uint4 a, uint64_t b
         "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
         "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(b_desc)
+      : "l"(a_desc), "l"(b_desc)
       : "memory");
 }
 
@@ -807,9 +813,9 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
 // The compiler sees only the issue of a wgmma: this keeps its accumulators' later uses after the wait.
 __device__ __forceinline__ void fence_register(float& v) { asm volatile("" : "+f"(v)::"memory"); }
 // Descriptor of a K-major, no-swizzle operand at shared address `address`: 128-byte core matrices
-// (8 rows of 16 bytes), the next one along K at +128 bytes (leading byte offset), along N at +256 (stride).
-__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address) {
-  return (uint64_t)((address & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(256 >> 4) << 32;
+// (8 rows of 16 bytes), the next one along K at +128 bytes (leading byte offset), along M or N at +stride.
+__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address, uint32_t stride = 256) {
+  return (uint64_t)((address & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(stride >> 4) << 32;
 }
 #endif
 
@@ -891,17 +897,17 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
   __syncthreads();
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
   if constexpr (WGMMA) {
-    // Core-matrix row (k-step ks, column n, core column kc) = logical k 8 kc + 2 j + e (j < 4, e < 2) of the
-    // A fragments = k 16 ks + 4 j + 2 kc + e of R.
+    // Core-matrix row (k-step ks, column n, core column kc) = k 16 ks + 8 kc + e (e < 8) of R (natural k order,
+    // as the split x).
     for (int i = threadIdx.x; i < KSTEPS * D * 2; i += THREADS) {
       const int kc = i % 2, n = (i / 2) % D, ks = i / (2 * D);
-      const float* r = p.rotation + (size_t)(16 * ks + 2 * kc) * D + n;
+      const float* r = p.rotation + (size_t)(16 * ks + 8 * kc) * D + n;
       const float cs = col_scale[n];
       uint4 hi, lo;
       split_fp16x2(__ldg(r), __ldg(r + D), cs, hi.x, lo.x);
-      split_fp16x2(__ldg(r + 4 * D), __ldg(r + 5 * D), cs, hi.y, lo.y);
-      split_fp16x2(__ldg(r + 8 * D), __ldg(r + 9 * D), cs, hi.z, lo.z);
-      split_fp16x2(__ldg(r + 12 * D), __ldg(r + 13 * D), cs, hi.w, lo.w);
+      split_fp16x2(__ldg(r + 2 * D), __ldg(r + 3 * D), cs, hi.y, lo.y);
+      split_fp16x2(__ldg(r + 4 * D), __ldg(r + 5 * D), cs, hi.z, lo.z);
+      split_fp16x2(__ldg(r + 6 * D), __ldg(r + 7 * D), cs, hi.w, lo.w);
       const int at = ks * 2 * D + (n / 8) * 16 + kc * 8 + n % 8;  // 16-byte units
       rfrag[at] = hi;
       rfrag[KSTEPS * 2 * D + at] = lo;
@@ -960,17 +966,51 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
         inverse_upper = exp2_int(-ru), inverse_lower = exp2_int(-rl);
       }
       const float scale_upper = exp2_int(ru), scale_lower = exp2_int(rl);
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+      if constexpr (WGMMA) {
+        // The split x as the wgmma A operand (K-major, no swizzle), in place: the tile's rows 0-7 (bytes [0,
+        // kSplitGroupBytes)) become the core matrices of hi (+0) and lo (+2048) of those rows, core column kc (k 8 kc
+        // .. 8 kc + 7) at +128 kc, fragment row g (tile row rho(g), as the accumulators expect) at +16 g; rows
+        // 8-15 the same at +kSplitGroupBytes. Each lane reads its 32 values of a row before any lane writes.
+        static_assert(ROWS == 16 && PARTS == 4, "16-row warp tiles");
+        const int g_of_row = 2 * (j % 4) + j / 4;  // rho^-1(j)
+        auto split_row = [&](const float* row, float scale, int group) {
+          float v[32];
+#pragma unroll
+          for (int c = 0; c < 32; c += 4) {
+            const float4 q = *reinterpret_cast<const float4*>(row + c);
+            v[c] = q.x, v[c + 1] = q.y, v[c + 2] = q.z, v[c + 3] = q.w;
+          }
+          __syncwarp();
+          char* base = reinterpret_cast<char*>(tile) + group * kSplitGroupBytes + 16 * g_of_row;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            uint4 hi, lo;
+            split_fp16x2(v[8 * c], v[8 * c + 1], scale, hi.x, lo.x);
+            split_fp16x2(v[8 * c + 2], v[8 * c + 3], scale, hi.y, lo.y);
+            split_fp16x2(v[8 * c + 4], v[8 * c + 5], scale, hi.z, lo.z);
+            split_fp16x2(v[8 * c + 6], v[8 * c + 7], scale, hi.w, lo.w);
+            *reinterpret_cast<uint4*>(base + 128 * (4 * h + c)) = hi;
+            *reinterpret_cast<uint4*>(base + 2048 + 128 * (4 * h + c)) = lo;
+          }
+        };
+        split_row(upper, scale_upper, 0);
+        split_row(lower, scale_lower, 1);
+      } else
+#endif
+      {
 #pragma unroll 8
-      for (int c = 0; c < D / PARTS; c += 4) {
-        const float4 u = *reinterpret_cast<const float4*>(upper + c);
-        const float4 v = *reinterpret_cast<const float4*>(lower + c);
-        uint4 fhi, flo;
-        split_fp16x2(u.x, u.y, scale_upper, fhi.x, flo.x);
-        split_fp16x2(v.x, v.y, scale_lower, fhi.y, flo.y);
-        split_fp16x2(u.z, u.w, scale_upper, fhi.z, flo.z);
-        split_fp16x2(v.z, v.w, scale_lower, fhi.w, flo.w);
-        *reinterpret_cast<uint4*>(upper + c) = fhi;
-        *reinterpret_cast<uint4*>(lower + c) = flo;
+        for (int c = 0; c < D / PARTS; c += 4) {
+          const float4 u = *reinterpret_cast<const float4*>(upper + c);
+          const float4 v = *reinterpret_cast<const float4*>(lower + c);
+          uint4 fhi, flo;
+          split_fp16x2(u.x, u.y, scale_upper, fhi.x, flo.x);
+          split_fp16x2(v.x, v.y, scale_lower, fhi.y, flo.y);
+          split_fp16x2(u.z, u.w, scale_upper, fhi.z, flo.z);
+          split_fp16x2(v.z, v.w, scale_lower, fhi.w, flo.w);
+          *reinterpret_cast<uint4*>(upper + c) = fhi;
+          *reinterpret_cast<uint4*>(lower + c) = flo;
+        }
       }
     }
     __syncwarp();
@@ -992,22 +1032,26 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
     };
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
     if constexpr (WGMMA) {
+      // The split x of the warpgroup's four tiles is one m64 A operand: eight 8-row groups kSplitGroupBytes apart.
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the split x visible to the tensor cores
+      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warp / 4) : "memory");  // of all four warps
       const uint32_t r_hi = static_cast<uint32_t>(__cvta_generic_to_shared(rfrag)), r_lo = r_hi + KSTEPS * 32 * D;
+      const uint32_t x_hi = static_cast<uint32_t>(__cvta_generic_to_shared(col_inverse + D + (warp & ~3) * ROWS * XS)),
+                     x_lo = x_hi + 2048;
+      wgmma_fence();  // the zeroed accumulators written
+      float(&d)[64] = reinterpret_cast<float(&)[64]>(acc[0]);
 #pragma unroll
       for (int ks = 0; ks < KSTEPS; ++ks) {
-        uint4 a_hi[MTILES], a_lo[MTILES];
-        load_a(ks, a_hi, a_lo);
-        wgmma_fence();  // the A registers (and, at ks = 0, the zeroed accumulators) written
         const uint64_t b_hi = wgmma_descriptor(r_hi + ks * 32 * D), b_lo = wgmma_descriptor(r_lo + ks * 32 * D);
-#pragma unroll
-        for (int m = 0; m < MTILES; ++m) wgmma_f16_rs(reinterpret_cast<float(&)[64]>(acc[m]), a_lo[m], b_hi);
-#pragma unroll
-        for (int m = 0; m < MTILES; ++m) wgmma_f16_rs(reinterpret_cast<float(&)[64]>(acc[m]), a_hi[m], b_lo);
-#pragma unroll
-        for (int m = 0; m < MTILES; ++m) wgmma_f16_rs(reinterpret_cast<float(&)[64]>(acc[m]), a_hi[m], b_hi);
-        wgmma_commit();
+        const uint64_t a_hi = wgmma_descriptor(x_hi + ks * 256, kSplitGroupBytes),
+                       a_lo = wgmma_descriptor(x_lo + ks * 256, kSplitGroupBytes);
+        wgmma_f16_ss(d, a_lo, b_hi);
+        wgmma_f16_ss(d, a_hi, b_lo);
+        wgmma_f16_ss(d, a_hi, b_hi);
       }
+      wgmma_commit();
       wgmma_wait_all();
+      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warp / 4) : "memory");  // no warp overwrites the A operand early
 #pragma unroll
       for (int m = 0; m < MTILES; ++m)
 #pragma unroll
