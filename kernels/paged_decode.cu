@@ -921,8 +921,9 @@ enum class Int2Pages { none, small, paired };
 
 // PARALLEL: the grid ends with the parallel merge CTAs (p.merge_parts > 0); the kernel without them is
 // kept separate so that the large-batch code is not recompiled around the merge CTAs' (batch 8 / 8K
-// was 2.5-4 % slower in one kernel).
-template <int D, Int2Pages PAGES, bool PARALLEL>
+// was 2.5-4 % slower in one kernel). TABLE (not with PARALLEL): INT2 splits from p.int2_split_table, a
+// kernel of its own for the same reason (batch 64 / 8K 133 -> 138 us with the table read in every kernel).
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE>
 __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_decode_kernel(const PagedDecodeParams p) {
   constexpr bool HAS_INT2 = PAGES != Int2Pages::none;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -939,7 +940,10 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   const int int2_ctas = HAS_INT2 ? pairs * p.int2_splits : 0;
   const bool int2 = HAS_INT2 && (int)blockIdx.x < int2_ctas;
   int pair, split;
-  if (int2) {
+  if (TABLE && int2) {  // split-major
+    split = blockIdx.x / pairs;
+    pair = blockIdx.x % pairs;
+  } else if (int2) {
     pair = blockIdx.x / p.int2_splits;
     split = blockIdx.x % p.int2_splits;
   } else {
@@ -951,8 +955,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   int t_begin, t_end;
   if (int2) {
     const int len = p.int2_lengths[b];
-    t_begin = split * p.int2_chunk;
-    t_end = min(len, t_begin + p.int2_chunk);
+    t_begin = TABLE ? p.int2_split_start[split] : split * p.int2_chunk;
+    t_end = min(len, TABLE ? p.int2_split_start[split + 1] : t_begin + p.int2_chunk);
   } else {
     const int s = split - (HAS_INT2 ? p.int2_splits : 0);
     const int len = p.bf16_lengths[b];
@@ -1021,25 +1025,31 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
 }
 
-template <int D, Int2Pages PAGES, bool PARALLEL>
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   static const bool configured = [] {
-    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         smem_bytes<D>());
+    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL, TABLE>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
     return true;
   }();
   (void)configured;
   const int pairs = p.batch * p.num_kv_heads;
   const unsigned ctas = (unsigned)(pairs * (p.splits_total() + p.merge_parts));
-  paged_decode_kernel<D, PAGES, PARALLEL><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
+  paged_decode_kernel<D, PAGES, PARALLEL, TABLE><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
 }
 
 template <int D, Int2Pages PAGES>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
-  if (p.merge_parts > 0)
-    launch_kernel<D, PAGES, true>(p, stream);
-  else
-    launch_kernel<D, PAGES, false>(p, stream);
+  if (p.merge_parts > 0) {
+    launch_kernel<D, PAGES, true, false>(p, stream);
+  } else if constexpr (PAGES != Int2Pages::none) {  // a split table has INT2 splits
+    if (p.int2_split_table)
+      launch_kernel<D, PAGES, false, true>(p, stream);
+    else
+      launch_kernel<D, PAGES, false, false>(p, stream);
+  } else {
+    launch_kernel<D, PAGES, false, false>(p, stream);
+  }
 }
 
 template <Int2Pages PAGES>
@@ -1054,7 +1064,7 @@ void launch_for_dim(const PagedDecodeParams& p, cudaStream_t stream) {
 
 template <int D>
 int occupancy() {
-  const auto kernel = paged_decode_kernel<D, Int2Pages::paired, false>;  // the default 64-token pages
+  const auto kernel = paged_decode_kernel<D, Int2Pages::paired, false, false>;  // the default 64-token pages
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
   int n = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem_bytes<D>()) != cudaSuccess)
@@ -1125,6 +1135,14 @@ void check_paged_decode(const PagedDecodeParams& p) {
     require(p.merge_counters && p.merge_done, "the parallel merge needs its counters");
     require(p.merge_parts == parallel_merge_parts(p.group, p.head_dim), "merge_parts must be parallel_merge_parts()");
     require(parallel_merge_fits(p.splits_total(), p.head_dim), "too many splits for the parallel merge");
+  }
+  if (p.int2_split_table) {
+    require(p.merge_parts == 0, "a split table does not go with the parallel merge");
+    require(p.int2_splits >= 1 && p.int2_splits <= kDecodeMaxTableSplits, "a split table holds 1 to 64 INT2 splits");
+    const int* start = p.int2_split_start;
+    bool ok = start[0] == 0;
+    for (int s = 0; s < p.int2_splits; ++s) ok = ok && start[s + 1] > start[s] && start[s + 1] % kInt2SplitQuantum == 0;
+    require(ok, "INT2 split starts must be 0, then increasing multiples of 128");
   }
 }
 

@@ -16,6 +16,7 @@ constexpr int kDecodeMaxGroup = 8;      // query heads per KV head handled by on
 constexpr int kDecodeWarps = 4;         // warps per CTA
 constexpr int kInt2SplitQuantum = 128;  // INT2 tokens per split: a multiple of this (4 warps x 2 tiles x 16)
 constexpr int kBf16SplitQuantum = 128;  // BF16 tokens per split: a multiple of this (4 warps x 32)
+constexpr int kDecodeMaxTableSplits = 64;  // INT2 splits of a split table
 
 struct PagedDecodeParams {
   int batch = 0;         // B sequences
@@ -65,6 +66,12 @@ struct PagedDecodeParams {
   // at most one wave: the caller checks). merge_done [B, Hkv] zero before the first call, left at zero.
   int merge_parts = 0;
   unsigned* merge_done = nullptr;
+  // Split table (optional, grids without merge_parts): INT2 split s covers tokens [int2_split_start[s],
+  // int2_split_start[s + 1]) (0 first, then increasing multiples of kInt2SplitQuantum) instead of
+  // [s * int2_chunk, (s + 1) * int2_chunk), and the INT2 CTAs are ordered split-major, so that the grid
+  // hands out its largest pieces first (see the planner).
+  bool int2_split_table = false;
+  int int2_split_start[kDecodeMaxTableSplits + 1] = {};
 };
 
 // Grid: one CTA per (split, KV head, sequence), INT2 CTAs first. CTAs of the INT2 path that fit on one

@@ -65,6 +65,7 @@ struct DevicePagedCache {
   PagedCacheGeometry geometry;
   int int2_max_pages = 0, bf16_max_pages = 0;
   int max_int2_length = 0, max_bf16_length = 0;
+  int min_int2_length = 0;  // the shortest INT2 tier of the batch
   DeviceBuffer<int32_t> int2_lengths, bf16_lengths, int2_page_table, bf16_page_table;
   DeviceBuffer<uint8_t> key_codes, value_codes;
   DeviceBuffer<float> int2_metadata;
@@ -89,6 +90,9 @@ struct CudaDecodePlan {
   // Merge by parallel merge CTAs when the whole grid is resident at once (small batches), else by the
   // last split CTA of each (sequence, KV head); false forces the latter.
   bool parallel_merge = true;
+  // INT2 split boundaries (int2_splits + 1 tokens, see plan_cuda_decode) for grids merged by the last CTA;
+  // empty: int2_chunk tokens per split. int2_chunk is then the largest split (used by the parallel merge).
+  std::vector<int> int2_split_start;
   int splits_total() const { return int2_splits + bf16_splits; }
 };
 CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int ctas_per_sm = 0);

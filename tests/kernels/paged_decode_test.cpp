@@ -7,6 +7,7 @@
 // (atol: the PV weights are stored once in fp16, unit roundoff 2^-11, e.g. a 1-token cache).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -30,6 +31,7 @@ struct DecodeCase {
   std::string label;
   int force_int2_chunk = 0;  // > 0: bypass the planner (e.g. more splits than the fused merge holds)
   bool parallel_merge = true;  // false: the last split CTA merges even where merge CTAs would fit
+  std::vector<int> split_starts;  // non-empty: this INT2 split table instead of the planner's splits
 };
 
 HostPagedCache random_cache(const DecodeCase& c, uint64_t seed) {
@@ -91,6 +93,13 @@ void run_case(const DecodeCase& c) {
   if (c.force_int2_chunk > 0 && dev.max_int2_length > 0) {
     plan.int2_chunk = c.force_int2_chunk;
     plan.int2_splits = (dev.max_int2_length + plan.int2_chunk - 1) / plan.int2_chunk;
+    plan.int2_split_start.clear();
+  }
+  if (!c.split_starts.empty()) {
+    plan.int2_split_start = c.split_starts;
+    plan.int2_splits = static_cast<int>(c.split_starts.size()) - 1;
+    for (size_t s = 1; s < c.split_starts.size(); ++s)
+      plan.int2_chunk = std::max(plan.int2_chunk, c.split_starts[s] - c.split_starts[s - 1]);
   }
   plan.parallel_merge = c.parallel_merge;
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, d);
@@ -158,6 +167,22 @@ TEST(PagedDecode, ParallelMergeRoundsAndLastCtaMerge) {
       c.parallel_merge = parallel;
       run_case(c);
     }
+}
+
+TEST(PagedDecode, SplitTableOfUnequalSplits) {
+  // Splits of 1 to 9 quanta, split-major; lengths ending inside, at and before split edges; pages of 16 and
+  // 64 tokens. Where the parallel merge runs instead, the table is ignored (chunks of its largest split).
+  const std::vector<int> starts{0, 1152, 1536, 1664, 2560, 2816, 3200, 3328};
+  for (int d : {64, 128, 256})
+    for (int page : {16, 64})
+      for (bool parallel : {false, true}) {
+        DecodeCase c{d, 4, 3, {3328, 1600, 1, 2816}, {320, 0, 5, 64}, page, 64, 4, true,
+                     "split table, d=" + std::to_string(d) + ", page " + std::to_string(page) +
+                         (parallel ? ", parallel merge" : "")};
+        c.split_starts = starts;
+        c.parallel_merge = parallel;
+        run_case(c);
+      }
 }
 
 TEST(PagedDecode, UnfusedMergeForManySplits) {
