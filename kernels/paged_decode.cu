@@ -192,9 +192,10 @@ constexpr int smem_bytes() {
 // PAIRED (pages of >= 32 tokens): a warp's two tiles of a stage are 32 consecutive tokens of one page
 // (splits start at multiples of 128), so a stage reads one page-table entry and tile 1's copies are
 // tile 0's addresses plus a constant.
-template <int D, bool PAIRED>
+// SPEC: the prologue's page-table entries come in spec_pages (read by the caller before the length was known).
+template <int D, bool PAIRED, bool SPEC = false>
 __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* ring, int b, int kv, int t_begin,
-                         int t_end) {
+                         int t_end, const int (*spec_pages)[Int2Geom<D>::TILES] = nullptr) {
   using G = Int2Geom<D>;
   constexpr int Q = G::Q, KW = G::KW, NX = G::NX, TILES = G::TILES, STAGES = G::STAGES;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -293,9 +294,18 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   int pg[TILES];
   {
     int first[STAGES - 1][TILES];  // all page-table reads of the prologue in flight together
+    if constexpr (SPEC) {
 #pragma unroll
-    for (int k = 0; k < STAGES - 1; ++k) load_pages(k, first[k]);
-    load_pages(STAGES - 1, pg);
+      for (int k = 0; k < STAGES - 1; ++k)
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) first[k][t] = spec_pages[k][t];
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) pg[t] = spec_pages[STAGES - 1][t];
+    } else {
+#pragma unroll
+      for (int k = 0; k < STAGES - 1; ++k) load_pages(k, first[k]);
+      load_pages(STAGES - 1, pg);
+    }
 #pragma unroll
     for (int k = 0; k < STAGES - 1; ++k) {
       issue(k, first[k]);
@@ -952,6 +962,28 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     split = (HAS_INT2 ? p.int2_splits : 0) + i % p.bf16_splits;
   }
   const int b = pair / p.num_kv_heads, kv = pair % p.num_kv_heads;
+  // Parallel-merge grids (batch 1, one wave): the INT2 prologue's page-table reads go out with the length
+  // read instead of after it (entries past the length, inside the sequence's table row, are read but not
+  // used: every copy is predicated on the length).
+  using G = Int2Geom<D>;
+  int spec[G::STAGES][G::TILES];
+  if constexpr (PARALLEL && HAS_INT2) {
+    if (int2) {
+      const int P = p.int2_page_size, shift = 31 - __clz(P), warp = threadIdx.x / 32;
+      const int32_t* table = p.int2_page_table + (size_t)b * p.int2_max_pages;
+      const int start = TABLE ? p.int2_split_start[split] : split * p.int2_chunk;
+      const int stop = min(TABLE ? p.int2_split_start[split + 1] : start + p.int2_chunk, p.int2_max_pages * P);
+#pragma unroll
+      for (int k = 0; k < G::STAGES; ++k)
+#pragma unroll
+        for (int t = 0; t < G::TILES; ++t) {
+          const int tok = start + k * G::STEP + (warp * G::TILES + t) * 16;
+          spec[k][t] = PAGES == Int2Pages::paired && t > 0 ? spec[k][0]
+                       : tok < stop                       ? __ldg(table + ((uint32_t)tok >> shift))
+                                                          : 0;
+        }
+    }
+  }
   int t_begin, t_end;
   if (int2) {
     const int len = p.int2_lengths[b];
@@ -980,7 +1012,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   __syncthreads();
   if (t_begin < t_end) {
     if (int2)
-      int2_cta<D, PAGES == Int2Pages::paired>(p, sh, smem, b, kv, t_begin, t_end);
+      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL>(p, sh, smem, b, kv, t_begin, t_end, spec);
     else
       bf16_warp<D, PARALLEL>(p, sh, b, kv, t_begin, t_end);
   }
