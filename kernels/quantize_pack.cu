@@ -358,13 +358,13 @@ __device__ __forceinline__ int code_of(float v, float tau, float scale, float r,
 // (b, c) with saturate(v b + c) = 1 iff code_of(v) >= j = i + 1 (i = 0, 1, 2: the threshold, a run-time value
 // when two lanes share the thresholds), for every row value v (code_low / code_high: the codes of the row's min
 // / max); ok becomes false if the threshold cannot be expressed so (the caller takes the plain path).
-__device__ __forceinline__ void code_threshold(int i, float tau, float scale, float r, float zero, int code_low,
-                                               int code_high, float& b, float& c, bool& ok) {
+// In two parts, so that a caller can interleave the double-precision chains of two or three thresholds (the first
+// part, straight-line code) before the branches of the second: t and the float below it, then (b, c).
+__device__ __forceinline__ void code_threshold_candidate(int i, float scale, float zero, float& t_out, float& below_out) {
   // code >= j iff w = RN(q + zero) >= W_j = 0.5 - 2^-25, 1.5, 2.5 (floor(RN(w + 0.5)) >= j), so iff
   // q + zero >= the midpoint below W_j (a tie rounds to even: W_1 is odd, W_2 and W_3 even).
   const double mid_below_w = i == 0 ? 0.5 - 3 * 0x1p-26 : (i == 1 ? 1.5 - 0x1p-24 : 2.5 - 0x1p-23);
   const bool w_odd = i == 0;
-  const int j = i + 1;
   const double zero_d = zero, scale_d = scale;
   // The smallest float q reaching it, then the smallest v with RN(v / scale) >= q: v / scale >= the
   // midpoint below q (exact in double).
@@ -374,7 +374,12 @@ __device__ __forceinline__ void code_threshold(int i, float tau, float scale, fl
   const double v_real = 0.5 * ((double)float_pred(q) + (double)q) * scale_d;
   float t = __double2float_ru(v_real);
   if ((__float_as_int(q) & 1) && (double)t == v_real) t = float_succ(t);
-  float below = float_pred(t);
+  t_out = t, below_out = float_pred(t);
+}
+__device__ __forceinline__ void code_threshold_finish(int i, float t, float below, float tau, float scale, float r,
+                                                      float zero, int code_low, int code_high, float& b, float& c,
+                                                      bool& ok) {
+  const int j = i + 1;
   bool exact = true;
   // Where 2^-40 <= scale <= 2^60 and |zero| < 2^26, t is the threshold without a check. (1) q: M = the midpoint
   // below W_j is a midpoint between floats at least 2^-26 from both; q_real = M - zero is exact in double for
@@ -548,12 +553,19 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
   float tb[3], tc[3];
   bool thresholds = true;
   if constexpr (LANES == 1) {  // three independent chains, side by side
+    float t[3], below[3];
 #pragma unroll
-    for (int i = 0; i < 3; ++i) code_threshold(i, tau, scale, r, zero, code_low, code_high, tb[i], tc[i], thresholds);
+    for (int i = 0; i < 3; ++i) code_threshold_candidate(i, scale, zero, t[i], below[i]);
+#pragma unroll
+    for (int i = 0; i < 3; ++i)
+      code_threshold_finish(i, t[i], below[i], tau, scale, r, zero, code_low, code_high, tb[i], tc[i], thresholds);
   } else {  // the warp runs two chains, not three: j = 1 (lower lane) or 3 (upper), exchanged, and j = 2 on both
-    float b_own, c_own;
-    code_threshold(2 * half, tau, scale, r, zero, code_low, code_high, b_own, c_own, thresholds);
-    code_threshold(1, tau, scale, r, zero, code_low, code_high, tb[1], tc[1], thresholds);
+    float b_own, c_own, t_own, below_own, t_2, below_2;
+    code_threshold_candidate(2 * half, scale, zero, t_own, below_own);
+    code_threshold_candidate(1, scale, zero, t_2, below_2);
+    code_threshold_finish(2 * half, t_own, below_own, tau, scale, r, zero, code_low, code_high, b_own, c_own,
+                          thresholds);
+    code_threshold_finish(1, t_2, below_2, tau, scale, r, zero, code_low, code_high, tb[1], tc[1], thresholds);
     const float b_other = partner(b_own), c_other = partner(c_own);
     tb[0] = half ? b_other : b_own, tc[0] = half ? c_other : c_own;
     tb[2] = half ? b_own : b_other, tc[2] = half ? c_own : c_other;
