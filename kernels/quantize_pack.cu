@@ -339,6 +339,16 @@ __device__ __forceinline__ float float_succ(float x) {  // the next float above 
   return x == 0.f ? __int_as_float(1) : __int_as_float(b > 0 ? b + 1 : b - 1);
 }
 
+// RU(x) as a float, subnormal results kept: the plain conversion. (__double2float_ru under the library's flush to
+// zero costs a double compare, two selects and a multiplication more per conversion, on the chains of the code
+// thresholds.) Where the thresholds go unchecked (see code_threshold_finish) q and t are normal, so the results
+// are the same; elsewhere the check below runs on whatever comes out.
+__device__ __forceinline__ float double_to_float_ru(double x) {
+  float f;
+  asm("cvt.rp.f32.f64 %0, %1;" : "=f"(f) : "d"(x));
+  return f;
+}
+
 // saturate(RN(a b + c)) in one FFMA.SAT (the intrinsics would not fuse the saturation).
 __device__ __forceinline__ float fma_saturate(float a, float b, float c) {
   float d;
@@ -369,10 +379,10 @@ __device__ __forceinline__ void code_threshold_candidate(int i, float scale, flo
   // The smallest float q reaching it, then the smallest v with RN(v / scale) >= q: v / scale >= the
   // midpoint below q (exact in double).
   const double q_real = mid_below_w - zero_d;
-  float q = __double2float_ru(q_real);
+  float q = double_to_float_ru(q_real);
   if (w_odd && (double)q == q_real) q = float_succ(q);
   const double v_real = 0.5 * ((double)float_pred(q) + (double)q) * scale_d;
-  float t = __double2float_ru(v_real);
+  float t = double_to_float_ru(v_real);
   if ((__float_as_int(q) & 1) && (double)t == v_real) t = float_succ(t);
   t_out = t, below_out = float_pred(t);
 }
