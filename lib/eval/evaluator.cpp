@@ -482,15 +482,10 @@ ReportTable make_report_table(const std::vector<EvalRow>& rows, bool per_layer, 
     for (const char* f : {"bpe", "rel_err", "rel_err_p99", "cos", "kl", "top8_recall", "worst_layer"})
       table.fields.push_back(f);
     for (const auto& r : rows) {
-      std::vector<ReportValue> v = {r.method, static_cast<long>(r.context)};
-      if (per_layer) v.push_back(static_cast<long>(r.layer));
-      v.push_back(r.bpe);
-      v.push_back(r.rel_err.mean);
-      v.push_back(r.rel_err.p99);
-      v.push_back(r.cos);
-      v.push_back(r.kl);
-      v.push_back(r.top8_recall);
-      v.push_back(fmt::format("{} ({:.4f})", r.worst_layer, r.worst_layer_rel_err));
+      std::vector<ReportValue> v = {r.method,  static_cast<long>(r.context), r.bpe, r.rel_err.mean, r.rel_err.p99,
+                                    r.cos,     r.kl, r.top8_recall,
+                                    fmt::format("{} ({:.4f})", r.worst_layer, r.worst_layer_rel_err)};
+      if (per_layer) v.insert(v.begin() + 2, static_cast<long>(r.layer));
       table.add_row(std::move(v));
     }
     return table;
