@@ -57,7 +57,7 @@ std::vector<LayerSummary> summarize_dump(const DumpReader& dump, int64_t block_t
   for (int layer : dump.info().layers) {
     Accumulator q, k, v;
     for (int64_t first = 0; first < dump.info().tokens; first += block_tokens) {
-      dump.read_layer_into(a, layer, first, std::min(block_tokens, dump.info().tokens - first), true, threads);
+      dump.read_layer_into(a, layer, first, std::min(block_tokens, dump.info().tokens - first), threads);
       q.add(a.q, d);
       k.add(a.k, d);
       v.add(a.v, d);

@@ -125,14 +125,13 @@ DumpReader::~DumpReader() = default;
 
 int64_t DumpReader::chunk_tokens(int layer) const { return impl_->file.chunk_rows(layer_path(layer, "q")); }
 
-LayerActivations DumpReader::read_layer(int layer, int64_t first, int64_t count, bool with_queries) const {
+LayerActivations DumpReader::read_layer(int layer, int64_t first, int64_t count) const {
   LayerActivations a;
-  read_layer_into(a, layer, first, count, with_queries, 1);
+  read_layer_into(a, layer, first, count, 1);
   return a;
 }
 
-void DumpReader::read_layer_into(LayerActivations& a, int layer, int64_t first, int64_t count, bool with_queries,
-                                 int threads) const {
+void DumpReader::read_layer_into(LayerActivations& a, int layer, int64_t first, int64_t count, int threads) const {
   OSCAR_CHECK(std::find(info_.layers.begin(), info_.layers.end(), layer) != info_.layers.end(),
               "{}: layer {} is not in this dump (layers present: {})", path_, layer, fmt::join(info_.layers, ","));
   if (count < 0) count = info_.tokens - first;
@@ -143,12 +142,11 @@ void DumpReader::read_layer_into(LayerActivations& a, int layer, int64_t first, 
   a.first_token = first;
   a.tokens = count;
   // resize keeps the capacity: a buffer read into again needs no new allocation.
-  a.q.resize(with_queries ? static_cast<size_t>(count) * g.num_q_heads * g.head_dim : 0);
+  a.q.resize(static_cast<size_t>(count) * g.num_q_heads * g.head_dim);
   a.k.resize(static_cast<size_t>(count) * g.num_kv_heads * g.head_dim);
   a.v.resize(a.k.size());
   const std::pair<const char*, std::vector<float>*> parts[] = {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}};
   for (auto [name, data] : parts) {
-    if (data->empty() && count > 0) continue;  // queries skipped
     std::string ds = layer_path(layer, name);
     // The reader checks finiteness on the way; the slow search for the culprit only runs when needed.
     if (!impl_->file.read_rows_parallel(ds, first, count, data->data(), threads, impl_->buffers)) {
@@ -172,7 +170,6 @@ StoredBlockRead DumpReader::plan_stored(int layer, int64_t first, int64_t count,
   plan.layer_ = layer;
   plan.first_ = first;
   plan.count_ = count;
-  plan.tensors_ = tensors;
   for (const char* name : {"q", "k", "v"}) {
     if ((name[0] == 'q') != (tensors == StoredTensors::queries)) continue;
     StoredBlockRead::Part part{layer_path(layer, name), std::nullopt};
@@ -191,7 +188,6 @@ void StoredBlockRead::bind(StoredActivations& a) {
   a.layer = layer_;
   a.first_token = first_;
   a.tokens = count_;
-  a.tensors = tensors_;
   a.dtype = info.dtype;
   const size_t kv_bytes = static_cast<size_t>(count_) * g.num_kv_heads * g.head_dim * bytes;
   for (Part& part : parts_) {

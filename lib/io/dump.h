@@ -53,14 +53,14 @@ struct LayerActivations {
 enum class StoredTensors { queries, keys_values };
 
 // One layer's activations (a token range of it) as the dump stores them: the bytes of Q [tokens, Hq, d]
-// or of K and V [tokens, Hkv, d] (see StoredTensors) in `dtype` (2 or 4 bytes per value), neither converted
+// or of K and V [tokens, Hkv, d] (whichever the read took, see StoredTensors; the other buffers keep what an
+// earlier read left) in `dtype` (2 or 4 bytes per value), neither converted
 // nor checked; the buffers may be longer than that (they only grow, so that streaming blocks through
 // them never zero-fills). The accumulation streams these and widens one head's rows at a time with
 // stored_rows_to_double: a block costs its stored size in memory and no float32 pass.
 struct StoredActivations {
   int layer = 0;
   int64_t first_token = 0, tokens = 0;
-  StoredTensors tensors = StoredTensors::queries;
   StorageType dtype = StorageType::float32;
   std::vector<unsigned char> q, k, v;
 };
@@ -88,7 +88,6 @@ class StoredBlockRead {
   const h5::File* file_ = nullptr;
   int layer_ = 0;
   int64_t first_ = 0, count_ = 0;
-  StoredTensors tensors_ = StoredTensors::queries;
   std::vector<Part> parts_;  // Q, or K and V
   int total_ = 0;
 };
@@ -105,12 +104,10 @@ class DumpReader {
   const DumpInfo& info() const { return info_; }
   const std::string& path() const { return path_; }
   // Reads tokens [first, first+count) of one layer; checks finiteness (error names file and dataset).
-  // with_queries = false skips Q (left empty): passes that only need K and V read a third of the bytes.
-  LayerActivations read_layer(int layer, int64_t first = 0, int64_t count = -1, bool with_queries = true) const;
+  LayerActivations read_layer(int layer, int64_t first = 0, int64_t count = -1) const;
   // The same into `out`, reusing its buffers' capacity (streaming readers call it block after block),
   // with the stored chunks decoded (inflated, converted) on `threads` threads.
-  void read_layer_into(LayerActivations& out, int layer, int64_t first, int64_t count, bool with_queries,
-                       int threads) const;
+  void read_layer_into(LayerActivations& out, int layer, int64_t first, int64_t count, int threads) const;
   // The same token range as stored, Q or K and V (see StoredActivations): plan_stored splits the read
   // (see StoredBlockRead); read_stored_into plans it, binds `out` and runs the decoding on `threads`
   // threads.
