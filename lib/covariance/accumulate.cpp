@@ -97,6 +97,16 @@ class BlockPipeline {
 
 constexpr int64_t kSubRows = kSubBlockTokens;
 
+// n zeroed doubles whose pages are first touched on all threads (see Statistics::allocate).
+std::unique_ptr<double[]> parallel_zeros(size_t n, int threads) {
+  std::unique_ptr<double[]> buffer(new double[n]);
+  constexpr int kPieces = 64;
+  parallel_for(kPieces, threads, [&](int i) {
+    std::fill(buffer.get() + n * i / kPieces, buffer.get() + n * (i + 1) / kPieces, 0.0);
+  });
+  return buffer;
+}
+
 }  // namespace
 
 int64_t block_tokens_for(int64_t requested, int threads) {
@@ -140,37 +150,43 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
     for (const auto& d : dumps) joined += (joined.empty() ? "" : ",") + d;
     stats.proxy_query_source = "self:" + joined;
   }
-  stats.allocate(layers);
 
   const int d = geometry.head_dim, hq = geometry.num_q_heads, hkv = geometry.num_kv_heads, g = geometry.group_size();
   const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   openblas_set_num_threads(1);  // parallelism is across work items; BLAS calls stay single-threaded
   const size_t dd = static_cast<size_t>(d) * d;
+  stats.allocate(layers, threads);
   const int64_t block_tokens = block_tokens_for(options.block_tokens, threads);
 
   // Work in token units: 2 streaming passes (+1 for scores) per layer per dump.
   const double passes = options.score_queries > 0 ? 3.0 : 2.0;
   Progress progress("accumulate", passes * stats.tokens * layers.size(), "tokens", options.quiet);
 
-  // Work items of equal size, many more than KV heads so that every core has work: pass 1 has one
-  // item per query head (into its own partial C_Q sum); pass 2 one per K head and per V head (K^T K,
-  // V^T V; the longer items first), then one per KV head and sub-block residue modulo kProxyParts (into
-  // partial proxy sums).
-  // Every item adds its sub-blocks in token order and the partial sums are added up in a fixed order
-  // at the end of the layer: the result does not depend on the thread count or the block size.
-  constexpr int kProxyParts = 4;
-  const int items1 = hq, proxy_items = hkv * kProxyParts, items2 = 2 * hkv + proxy_items;
-  // Buffers reused for the whole run: float64 sub-block rows per worker, the partial sums.
+  // Work items, many more than threads so that a block's job ends with short items on every core
+  // (items of a whole head per block left ~17 % of the 16 threads' time idle at each block's end): an
+  // item adds the sub-blocks of one head whose index in the dump is part (mod kParts) into its own
+  // partial sum. Pass 1 has hq * kParts items (C_Q); pass 2 hkv * kParts value-proxy items (the
+  // longest, first), then 2 * hkv * kParts K^T K and V^T V items. The partial sums are added up in a
+  // fixed order at the end of each pass, so the result depends neither on the thread count nor on the
+  // block size.
+  constexpr int kParts = 4;
+  const int items1 = hq * kParts, proxy_items = hkv * kParts, items2 = proxy_items + 2 * hkv * kParts;
+  // Buffers reused for the whole run: float64 sub-block rows per worker, the partial sums (zeroed
+  // when they are added up).
   struct Scratch {
     std::vector<double> rows, keys, weighted_keys;
   };
   std::vector<Scratch> scratch(threads);
-  for (Scratch& s : scratch) {
-    s.rows.resize(kSubRows * d);
-    s.keys.resize(kSubRows * d);
-    s.weighted_keys.resize(kSubRows * d);
-  }
-  std::vector<double> query_partial(hq * dd), proxy_partial(proxy_items * dd), proxy_weight(proxy_items);
+  parallel_for(threads, threads, [&](int w) {
+    scratch[w].rows.resize(kSubRows * d);
+    scratch[w].keys.resize(kSubRows * d);
+    scratch[w].weighted_keys.resize(kSubRows * d);
+  });
+  const std::unique_ptr<double[]> query_partial = parallel_zeros(hq * kParts * dd, threads),
+                                  proxy_partial = parallel_zeros(proxy_items * dd, threads),
+                                  gram_partial = parallel_zeros(2 * hkv * kParts * dd, threads);
+  std::vector<double> proxy_weight(proxy_items);
+  std::vector<std::vector<double>> query_cov(hkv, std::vector<double>(dd));  // C_Q per KV head, full symmetric
 
   // Every block of the run, in the order the loops below use them.
   std::vector<BlockRead> reads;
@@ -191,11 +207,25 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
       fail("{}: /layers/{}/{} holds a non-finite value at token {} (head {})", reader->path(), block.layer, name,
            block.first_token + bad, head);
   };
+  // Calls fn(first, rows) for the sub-blocks of the current block whose index in the dump is part
+  // (mod kParts); blocks start at multiples of kSubRows.
+  auto for_part = [&](int part, const std::function<void(int64_t, int64_t)>& fn) {
+    const int64_t n = block.tokens, first_sub = block.first_token / kSubRows;
+    for (int64_t j = (part - first_sub % kParts + kParts) % kParts; j * kSubRows < n; j += kParts)
+      fn(j * kSubRows, std::min(kSubRows, n - j * kSubRows));
+  };
+  // Adds `count` partial sums of [d, d] into sum in order and zeroes them.
+  auto add_partials = [&](double* partials, int count, double* sum) {
+    for (int p = 0; p < count; ++p) {
+      double* partial = partials + p * dd;
+      for (size_t e = 0; e < dd; ++e) sum[e] += partial[e];
+      std::fill(partial, partial + dd, 0.0);
+    }
+  };
 
   for (int layer : layers) {
     LayerStatistics& ls = *const_cast<LayerStatistics*>(stats.find_layer(layer));
     // Pass 1: C_Q.
-    std::fill(query_partial.begin(), query_partial.end(), 0.0);
     for (const auto& r : readers) {
       for (int64_t done = 0; done < r->info().tokens;) {
         reader = pipeline.read().reader;
@@ -205,42 +235,31 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
         done += n;
         pipeline.step(items1, [&](int i, int worker) {
           Scratch& s = scratch[worker];
-          for (int64_t first = 0; first < n; first += kSubRows) {
-            const int64_t rows = std::min(kSubRows, n - first);
-            widen("q", hq, i, first, rows, s.rows.data());
-            add_gram(s.rows.data(), rows, d, query_partial.data() + i * dd);
-          }
+          const int head = i / kParts;
+          for_part(i % kParts, [&](int64_t first, int64_t rows) {
+            widen("q", hq, head, first, rows, s.rows.data());
+            add_gram(s.rows.data(), rows, d, query_partial.get() + i * dd);
+          });
         });
         for (int h = 0; h < hkv; ++h) ls.of(Target::key_query).weight[h] += static_cast<double>(n * g);
         progress.advance(static_cast<double>(n));
       }
     }
-    for (int h = 0; h < hkv; ++h) {
+    parallel_for(hkv, threads, [&](int h) {
       double* sum = ls.of(Target::key_query).sum.data() + h * dd;
-      for (int j = 0; j < g; ++j) {
-        const double* part = query_partial.data() + (h * g + j) * dd;
-        for (size_t e = 0; e < dd; ++e) sum[e] += part[e];
-      }
-    }
-    for (int h = 0; h < hkv; ++h) symmetrise_upper(ls.of(Target::key_query).sum.data() + h * dd, d);
-
-    // C_Q per KV head for the proxy weights (full symmetric, row-major).
-    std::vector<std::vector<double>> query_cov(hkv);
-    for (int h = 0; h < hkv; ++h) {
+      add_partials(query_partial.get() + h * g * kParts * dd, g * kParts, sum);  // the group's heads in order
+      symmetrise_upper(sum, d);
+      // C_Q for the proxy weights.
       if (options.query_stats) {
         const MatrixD c = options.query_stats->target_matrix(layer, Target::key_query, h);
-        query_cov[h].assign(c.data(), c.data() + dd);  // symmetric: storage order does not matter
+        std::copy(c.data(), c.data() + dd, query_cov[h].begin());  // symmetric: storage order does not matter
       } else {
-        const double* sum = ls.of(Target::key_query).sum.data() + h * dd;
         const double inverse_weight = 1.0 / ls.of(Target::key_query).weight[h];
-        query_cov[h].resize(dd);
         for (size_t e = 0; e < dd; ++e) query_cov[h][e] = sum[e] * inverse_weight;
       }
-    }
+    });
     // Pass 2: K^T K, V^T V and sum_t w_t v_t^T v_t with w_t = k_t C_Q k_t^T (>= 0: C_Q is positive
     // semi-definite).
-    std::fill(proxy_partial.begin(), proxy_partial.end(), 0.0);
-    std::fill(proxy_weight.begin(), proxy_weight.end(), 0.0);
     for (const auto& r : readers) {
       for (int64_t done = 0; done < r->info().tokens;) {
         reader = pipeline.read().reader;
@@ -248,27 +267,19 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
                     "blocks out of order");
         const int64_t n = block.tokens;
         done += n;
-        const int64_t first_sub = block.first_token / kSubRows;
         pipeline.step(items2, [&](int i, int worker) {
           Scratch& s = scratch[worker];
-          if (i < 2 * hkv) {
-            const bool keys = i < hkv;
-            const int head = keys ? i : i - hkv;
-            double* sum = ls.of(keys ? Target::key_gram : Target::value_gram).sum.data() + head * dd;
-            for (int64_t first = 0; first < n; first += kSubRows) {
-              const int64_t rows = std::min(kSubRows, n - first);
+          if (i >= proxy_items) {  // K^T K (heads [0, hkv)) or V^T V (heads [hkv, 2 hkv))
+            const int gram = i - proxy_items, head = gram / kParts % hkv;
+            const bool keys = gram < hkv * kParts;
+            for_part(gram % kParts, [&](int64_t first, int64_t rows) {
               widen(keys ? "k" : "v", hkv, head, first, rows, s.rows.data());
-              add_gram(s.rows.data(), rows, d, sum);
-            }
+              add_gram(s.rows.data(), rows, d, gram_partial.get() + gram * dd);
+            });
             return;
           }
-          const int proxy = i - 2 * hkv;
-          const int h = proxy / kProxyParts, part = proxy % kProxyParts;
-          // The block starts at a multiple of kSubRows: sub-block j of the block is the dump's
-          // sub-block first_sub + j.
-          for (int64_t j = (part - first_sub % kProxyParts + kProxyParts) % kProxyParts; j * kSubRows < n;
-               j += kProxyParts) {
-            const int64_t first = j * kSubRows, rows = std::min(kSubRows, n - first);
+          const int h = i / kParts;
+          for_part(i % kParts, [&](int64_t first, int64_t rows) {
             widen("k", hkv, h, first, rows, s.keys.data());
             cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), d, d, 1.0, s.keys.data(),
                         d, query_cov[h].data(), d, 0.0, s.weighted_keys.data(), d);
@@ -286,9 +297,9 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
               double* v = s.rows.data() + t * d;
               for (int c = 0; c < d; ++c) v[c] *= root;
             }
-            add_gram(s.rows.data(), rows, d, proxy_partial.data() + proxy * dd);
-            proxy_weight[proxy] += total_weight;
-          }
+            add_gram(s.rows.data(), rows, d, proxy_partial.get() + i * dd);
+            proxy_weight[i] += total_weight;
+          });
         });
         for (int h = 0; h < hkv; ++h) {
           ls.of(Target::key_gram).weight[h] += static_cast<double>(n);
@@ -297,16 +308,21 @@ Statistics accumulate_statistics(const std::vector<std::string>& dumps, const Ac
         progress.advance(static_cast<double>(n));
       }
     }
-    for (int h = 0; h < hkv; ++h) {
-      double* sum = ls.of(Target::value_proxy).sum.data() + h * dd;
-      for (int part = 0; part < kProxyParts; ++part) {
-        const double* partial = proxy_partial.data() + (h * kProxyParts + part) * dd;
-        for (size_t e = 0; e < dd; ++e) sum[e] += partial[e];
-        ls.of(Target::value_proxy).weight[h] += proxy_weight[h * kProxyParts + part];
+    parallel_for(3 * hkv, threads, [&](int i) {
+      const int h = i % hkv;
+      const Target target = i < hkv ? Target::value_proxy : i < 2 * hkv ? Target::key_gram : Target::value_gram;
+      double* sum = ls.of(target).sum.data() + h * dd;
+      if (target == Target::value_proxy) {
+        add_partials(proxy_partial.get() + h * kParts * dd, kParts, sum);
+        for (int part = 0; part < kParts; ++part) {
+          ls.of(target).weight[h] += proxy_weight[h * kParts + part];
+          proxy_weight[h * kParts + part] = 0;
+        }
+      } else {
+        add_partials(gram_partial.get() + (i - hkv) * kParts * dd, kParts, sum);
       }
-      for (Target t : {Target::value_proxy, Target::key_gram, Target::value_gram})
-        symmetrise_upper(ls.of(t).sum.data() + h * dd, d);
-    }
+      symmetrise_upper(sum, d);
+    });
 
     // Pass 3: attention outputs of sampled queries, per sequence (causal, never across sequences).
     if (options.score_queries > 0) {

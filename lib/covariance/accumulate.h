@@ -1,6 +1,6 @@
 // Streaming accumulation of the calibration statistics from dumps: layer by layer, block by block
 // (memory bounded by the block, not the dump), BLAS rank-k updates (dsyrk) on 512-token sub-blocks,
-// work items per head on all cores, the next block's reading inside the same job.
+// work items per head and sub-block residue on all cores, the next block's reading inside the same job.
 #pragma once
 #include <cstdint>
 #include <string>

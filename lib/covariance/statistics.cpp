@@ -7,6 +7,7 @@
 
 #include "cli/atomic_file.h"
 #include "common/error.h"
+#include "common/parallel.h"
 #include "io/hdf5.h"
 
 namespace oscar {
@@ -28,18 +29,16 @@ Target parse_target(const std::string& name) {
   fail("unknown target '{}'", name);
 }
 
-void Statistics::allocate(const std::vector<int>& layer_indices) {
-  const size_t heads = geometry.num_kv_heads, d = geometry.head_dim;
-  for (int layer : layer_indices) {
-    if (find_layer(layer)) continue;
-    LayerStatistics ls;
-    ls.layer = layer;
-    for (auto& t : ls.targets) {
+void Statistics::allocate(const std::vector<int>& layer_indices, int threads) {
+  const size_t heads = geometry.num_kv_heads, d = geometry.head_dim, existing = layers.size();
+  for (int layer : layer_indices)
+    if (!find_layer(layer)) layers.push_back(LayerStatistics{layer, {}});
+  parallel_for(static_cast<int>(layers.size() - existing), threads, [&](int i) {
+    for (auto& t : layers[existing + i].targets) {
       t.sum.assign(heads * d * d, 0.0);
       t.weight.assign(heads, 0.0);
     }
-    layers.push_back(std::move(ls));
-  }
+  });
   std::sort(layers.begin(), layers.end(), [](const auto& a, const auto& b) { return a.layer < b.layer; });
 }
 

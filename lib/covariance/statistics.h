@@ -43,7 +43,9 @@ struct Statistics {
   std::string proxy_query_source;       // "self" or the hash of the --query-stats file used for w_t
   std::string provenance_json;
 
-  void allocate(const std::vector<int>& layer_indices);  // zero sums for these layers
+  // Zero sums for these layers (those not there yet), on up to `threads` threads: hundreds of MB of
+  // fresh pages cost page faults, which scale with cores.
+  void allocate(const std::vector<int>& layer_indices, int threads = 1);
   const LayerStatistics* find_layer(int layer) const;
   // Normalised target (sum / weight) of one KV head, or averaged over KV heads when kv_head < 0
   // (the reference implementation's per-layer scope).

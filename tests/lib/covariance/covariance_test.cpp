@@ -157,15 +157,17 @@ TEST(Covariance, LayerShardsMergeExactly) {
 TEST(Covariance, ThreadCountAndBlockSizeDoNotChangeOneBit) {
   // Work items, partial sums and the sub-blocks of the dsyrk calls are fixed by the geometry and the
   // token positions, not by the threads or the block size: any mix of them (the reader decoding chunks
-  // on as many threads) gives bit-identical statistics.
+  // on as many threads) gives bit-identical statistics. 11 sub-blocks of 512 tokens: with blocks of
+  // 4096 and more, an item adds two or three sub-blocks in one block.
   SyntheticSpec spec = long_spec();
+  spec.tokens_per_sequence = 2600;
   const std::string path = write_synthetic("threads.h5", spec);
   AccumulateOptions options;
   options.quiet = true;
   options.block_tokens = 512;
   options.threads = 1;
   const Statistics one = accumulate_statistics({path}, options);
-  for (auto [threads, block] : {std::pair{3, 1024}, {8, 0}, {2, 700}}) {
+  for (auto [threads, block] : {std::pair{3, 1024}, {8, 0}, {2, 700}, {5, 8192}}) {
     options.threads = threads;
     options.block_tokens = block;
     const Statistics many = accumulate_statistics({path}, options);
