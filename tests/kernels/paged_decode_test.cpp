@@ -1,8 +1,10 @@
 // GPU paged decode (split-K partials + merge/un-rotation) against the float64 CPU twin
 // paged_decode_reference on random caches: odd context lengths, page and split boundaries, ragged
 // batches, empty tiers, GQA 1/4/8, d 64/128/256.
-// Tolerance: the GPU rounds q and the PV weights p*s_v to fp16 (11-bit significand) for the tensor
-// cores and accumulates in fp32; a BF16 serving pipeline rounds q to bf16 (8 bits). So we require
+// Tolerance: the GPU holds q (INT2 tier) as two int8 terms, |q_c - q~_c| <= max_c |q_c| / 4064, the BF16
+// tier's q as two bf16 terms and the PV weights p*s_v in fp16 (11-bit significand) for the tensor cores,
+// and accumulates in fp32 (int32 for the INT2 q.k); a BF16 serving pipeline rounds q to bf16 (8 bits),
+// |q_c - bf16(q_c)| <= 2^-9 |q_c|. So we require
 // ||gpu - ref|| / ||ref|| <= 2 x (the error of the reference itself when q is rounded to bf16) + 2^-11
 // (atol: the PV weights are stored once in fp16, unit roundoff 2^-11, e.g. a 1-token cache).
 #include <gtest/gtest.h>
