@@ -106,9 +106,10 @@ __host__ __device__ constexpr int field_offset(int pos) { return pos == 6 ? 16 :
 // k slots 0-15 and qq j + 2 in 16-31.
 __host__ __device__ constexpr int k_class_weight(int j) { return j == 0 ? 16 : 64; }
 // Int8 query terms: q_c = s m_c (hi_c + lo_c / 256) + e_c, hi in [-127, 127], lo in [-128, 127], m_c the
-// class weight; the int32 sums start at kAccBias (the bits of the float 1.5 * 2^23), so their bits read
-// as the float 1.5 * 2^23 + sum exactly while |sum| < 2^22, and one FADD and one FFMA give
-// sum_hi + sum_lo / 256 (kAccBias + kAccBias / 256 = 12632064).
+// class weight, s a power of two; the int32 sums start at kAccBias (the bits of the float 1.5 * 2^23), so
+// their bits read as the float 1.5 * 2^23 + sum exactly while |sum| < 2^22, fma(hi bits, s, -12632064 s)
+// = s (sum_hi - 1.5 * 2^15) is exact, and fma(lo bits, s / 256, that) = s (sum_hi + sum_lo / 256)
+// rounds once (12632064 = 1.5 * 2^23 (1 + 1 / 256)).
 constexpr int32_t kAccBias = 0x4B400000;
 constexpr float kAccBiasBoth = 12632064.f;
 // V: 8 half2 per pair-word X from X, X << 4, Y, Y << 4, Y = X with the two bytes of each half swapped
@@ -312,11 +313,11 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     }
   }
   // B fragments of x = q * softmax_scale * log2e (logits come out in the log2 domain, up to the key
-  // scale) for head gid as two int8 terms: x_c ~ s m_c (hi_c + lo_c / 256), s = max |x| / 2032 over
-  // the warp's heads (so |hi| <= 127 at m = 16 and <= 32 at m = 64), hi = rint(x / (s m)), lo =
-  // rint(256 (x / (s m) - hi)) clamped to [-128, 127]: |x_c - x~_c| <= s m_c / 256, i.e. at most
-  // max |x| / 32512 (class x16) and max |x| / 8128 (class x64), against 2^-9 |x_c| for a bf16 query (the
-  // tests' bound). The kernel computes the logits of x~ exactly up to fp32 rounding: the int32 sums are
+  // scale) for head gid as two int8 terms: x_c ~ s m_c (hi_c + lo_c / 256), s the smallest power of two
+  // >= max |x| / 2032 over the warp's heads (so |hi| <= 127 at m = 16 and <= 32 at m = 64), hi =
+  // rint(x / (s m)), lo = rint(256 (x / (s m) - hi)) clamped to [-128, 127]: |x_c - x~_c| <= s m_c / 256,
+  // i.e. at most max |x| / 16256 (class x16) and max |x| / 4064 (class x64), against 2^-9 |x_c| for a
+  // bf16 query (the tests' bound). The kernel computes the logits of x~ exactly up to fp32 rounding: the int32 sums are
   // exact and below 2^22 in magnitude (|sum_lo| <= 128 * 3 * (16 + 64) * d / 2 = 15360 d, 3.9e6 at
   // d = 256). qb[term][u][j] = (b0, b1): the bytes of quarters j and j + 2 of word u.
   uint32_t qb[2][KW][2][2];
@@ -334,38 +335,43 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 #pragma unroll
     for (int off = 1; off < 32; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     mx *= logit_factor;
-    qscale = mx > 0.f ? mx * (1.f / 2032.f) : 1.f;
+    // (A query below 1e-30 becomes 0, so that s stays a normal float.)
+    qscale = mx > 1e-30f ? __uint_as_float((__float_as_uint(mx * (1.f / 2032.f)) + 0x007FFFFFu) & 0x7F800000u) : 1.f;
+    // Rounding to an integer by adding and subtracting 1.5 * 2^23 (|y| < 2^22) leaves the integer's low
+    // byte (two's complement) in the low byte of the sum's bits: no conversion instructions (XU pipe).
+    // |x / (s m)| <= 127 (s >= max |x| / 2032), so hi needs no clamp.
+    constexpr float kRound = 12582912.f;
 #pragma unroll
     for (int u = 0; u < KW; ++u)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const float inv = 1.f / (qscale * (float)k_class_weight(j));
+        const float factor = logit_factor / (qscale * (float)k_class_weight(j));
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const float4 v4 = qraw[u][j + 2 * half];
           const float v[4] = {v4.x, v4.y, v4.z, v4.w};
-          uint32_t hi = 0, lo = 0;
+          uint32_t hb[4], lb[4];
           float sum = 0.f;
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            const float x = v[i] * logit_factor * inv;
-            const float h = fminf(fmaxf(rintf(x), -127.f), 127.f);
-            const float l = fminf(fmaxf(rintf((x - h) * 256.f), -128.f), 127.f);
-            hi |= ((uint32_t)(int)h & 0xFFu) << (8 * i);
-            lo |= ((uint32_t)(int)l & 0xFFu) << (8 * i);
+            const float x = v[i] * factor;
+            const float hr = __fadd_rn(x, kRound), h = __fadd_rn(hr, -kRound);
+            const float lr = __fadd_rn(fminf((x - h) * 256.f, 127.f), kRound), l = __fadd_rn(lr, -kRound);
+            hb[i] = __float_as_uint(hr), lb[i] = __float_as_uint(lr);
             sum += h + l * (1.f / 256.f);
           }
-          qb[0][u][j][half] = hi;
-          qb[1][u][j][half] = lo;
+          qb[0][u][j][half] = __byte_perm(__byte_perm(hb[0], hb[1], 0x0040), __byte_perm(hb[2], hb[3], 0x0040), 0x5410);
+          qb[1][u][j][half] = __byte_perm(__byte_perm(lb[0], lb[1], 0x0040), __byte_perm(lb[2], lb[3], 0x0040), 0x5410);
           qsum_own += (float)k_class_weight(j) * sum;
         }
       }
 #pragma unroll
     for (int off = 1; off < 4; off *= 2) qsum_own += __shfl_xor_sync(0xffffffffu, qsum_own, off);
   }
-  // Heads of this thread's C fragments: 2tq, 2tq+1 (their sum_c x~_c / s).
-  const float qsum0 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq) * 4);
-  const float qsum1 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq + 1) * 4);
+  // Heads of this thread's C fragments: 2tq, 2tq+1 (their sum_c x~_c).
+  const float qsum0 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq) * 4) * qscale;
+  const float qsum1 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq + 1) * 4) * qscale;
+  const float qscale_lo = qscale * (1.f / 256.f), qbias = -kAccBiasBoth * qscale;
   const int32_t bias[4] = {kAccBias, kAccBias, kAccBias, kAccBias};
   for (int k = 0; k < nsteps; ++k) {
     issue(k + STAGES - 1, pg);
@@ -421,8 +427,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          s[t][i] = __fmaf_rn(__int_as_float(acc[1][i]), 1.f / 256.f,
-                              __fadd_rn(__int_as_float(acc[0][i]), -kAccBiasBoth));
+          s[t][i] = __fmaf_rn(__int_as_float(acc[1][i]), qscale_lo, __fmaf_rn(__int_as_float(acc[0][i]), qscale, qbias));
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int tok = tile_start(k, t) + tile_token(gid + 8 * r);
@@ -440,9 +445,8 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
           const int tok = tile_start(k, t) + tile_token(gid + 8 * r);
           const float4 mt = meta[t][r];
           const bool valid = FULL || tok < t_end;
-          const float ks = mt.x * qscale;
-          s[t][2 * r + 0] = valid ? fmaf(ks, fmaf(-mt.y, qsum0, s[t][2 * r + 0]), neg_m0) : -INFINITY;
-          s[t][2 * r + 1] = valid ? fmaf(ks, fmaf(-mt.y, qsum1, s[t][2 * r + 1]), neg_m1) : -INFINITY;
+          s[t][2 * r + 0] = valid ? fmaf(mt.x, fmaf(-mt.y, qsum0, s[t][2 * r + 0]), neg_m0) : -INFINITY;
+          s[t][2 * r + 1] = valid ? fmaf(mt.x, fmaf(-mt.y, qsum1, s[t][2 * r + 1]), neg_m1) : -INFINITY;
           bmax0 = t + r == 0 ? s[t][0] : fmaxf(bmax0, s[t][2 * r + 0]);
           bmax1 = t + r == 0 ? s[t][1] : fmaxf(bmax1, s[t][2 * r + 1]);
         }
