@@ -240,21 +240,39 @@ __device__ __forceinline__ void store_row_thread(const QuantizePackParams& p, lo
   store_row_codes<Q, Q / 4>(p, row, 0, packed, true, scale, zero);
 }
 
+// One row of fp32 values in shared memory, read in 16-byte chunks (chunk i = columns 4i .. 4i + 3). Padded tile
+// rows (d + 4 floats apart) make the 16-byte reads of consecutive rows at one column conflict-free.
+struct PaddedRow {
+  const float* x;
+  __device__ __forceinline__ float4 chunk(int i) const { return *reinterpret_cast<const float4*>(x + 4 * i); }
+  __device__ __forceinline__ float at(int c) const { return x[c]; }
+};
+// Unpadded tile rows (the d = 128 split kernel, where the padding does not fit): chunk i stored at chunk i ^ key,
+// key = row % 8, so the same chunk of eight consecutive rows lies in eight distinct bank groups.
+struct SwizzledRow {
+  const float* x;
+  int key;  // row % 8
+  __device__ __forceinline__ float4 chunk(int i) const {  // (i / 8 apart: one address per i % 8, offsets for i / 8)
+    return *reinterpret_cast<const float4*>(x + 32 * (i / 8) + 4 * ((i % 8) ^ key));
+  }
+  __device__ __forceinline__ float at(int c) const { return x[4 * ((c / 4) ^ key) + c % 4]; }
+};
+
 // Quantises row `row` of the batch from its fp32 values x[0..D) in shared memory (thread per row): the
 // plain form, one division per value. quantize_row_thread (below) takes it for the rare rows whose
 // code thresholds it cannot express; the two agree bit for bit.
-template <int D, int KMAX>
-__device__ __forceinline__ void quantize_row_thread_plain(const QuantizePackParams& p, const float* x, long row, int k_top) {
+template <int D, int KMAX, class Row>
+__device__ __forceinline__ void quantize_row_thread_plain(const QuantizePackParams& p, Row x, long row, int k_top) {
   constexpr int Q = D / 4;
   // (1) min / max of the row and, when clipping, the top-KMAX magnitudes (descending; -1 = empty) by
   // a branch-free insertion (the 32 rows of a warp would diverge anyway): 2 KMAX + 2 ops per value.
-  float tau = INFINITY, lo = x[0], hi = x[0];
+  float tau = INFINITY, lo = x.at(0), hi = x.at(0);
   float best[KMAX > 0 ? KMAX : 1];
 #pragma unroll
   for (int i = 0; i < KMAX; ++i) best[i] = -1.f;
 #pragma unroll 4
   for (int c = 0; c < D; c += 4) {
-    const float4 v4 = *reinterpret_cast<const float4*>(x + c);
+    const float4 v4 = x.chunk(c / 4);
     const float v[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -276,8 +294,8 @@ __device__ __forceinline__ void quantize_row_thread_plain(const QuantizePackPara
   // equal values, which only matters for the sign of a zero: then redo it in order.
   float mn = clip(lo), mx = clip(hi);
   if (mn == 0.f || mx == 0.f) {
-    mn = mx = clip(x[0]);
-    for (int c = 1; c < D; ++c) mn = first_min(mn, clip(x[c])), mx = first_max(mx, clip(x[c]));
+    mn = mx = clip(x.at(0));
+    for (int c = 1; c < D; ++c) mn = first_min(mn, clip(x.at(c))), mx = first_max(mx, clip(x.at(c)));
   }
   const float scale = group_scale(mn, mx, p.metadata);
   const float zero = round_metadata(__fdiv_rn(-mn, scale), p.metadata);
@@ -289,7 +307,7 @@ __device__ __forceinline__ void quantize_row_thread_plain(const QuantizePackPara
   for (int w = 0; w < Q / 4; ++w) packed[w] = 0u;
 #pragma unroll
   for (int c = 0; c < D; c += 4) {
-    const float4 v4 = *reinterpret_cast<const float4*>(x + c);
+    const float4 v4 = x.chunk(c / 4);
     const float v[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -307,10 +325,11 @@ __device__ __forceinline__ void quantize_row_thread_plain(const QuantizePackPara
 
 // (A reference into a kernel's parameters, taken by this call that is not inlined, makes the kernel copy them to
 // local memory and read them back from there on its hot path unless they are __grid_constant__: 167 -> 152 us for
-// the unrotated d = 128 kernel. The rotated split kernel keeps the copy: without it 363 -> 369-372 us, and 350.8 /
-// 347.7 -> 351.2 / 351.3 us once the threshold chains were interleaved.)
-template <int D, int KMAX>
-__device__ __noinline__ void quantize_row_thread_fallback(const QuantizePackParams& p, const float* x, long row, int k_top) {
+// the unrotated d = 128 kernel. For the rotated split kernel it did not pay at 16 warps and 128 registers (363 ->
+// 369-372 us, later within noise); at 20 warps and 96 registers the copy cost 96 bytes of stack and spills: 347
+// -> 344 us at d = 128, 148 -> 145 at d = 64.)
+template <int D, int KMAX, class Row>
+__device__ __noinline__ void quantize_row_thread_fallback(const QuantizePackParams& p, Row x, long row, int k_top) {
   quantize_row_thread_plain<D, KMAX>(p, x, row, k_top);
 }
 
@@ -350,6 +369,15 @@ __device__ __forceinline__ float double_to_float_ru(double x) {
   return f;
 }
 
+// x as a double, subnormal inputs kept: the plain conversion (the library's flush to zero adds a multiplication by 1
+// before each one). The chains below convert only normal floats or zero, except a subnormal zero point, for which
+// code_threshold_finish's argument holds flushed or not.
+__device__ __forceinline__ double float_to_double(float x) {
+  double d;
+  asm("cvt.f64.f32 %0, %1;" : "=d"(d) : "f"(x));
+  return d;
+}
+
 // saturate(RN(a b + c)) in one FFMA.SAT (the intrinsics would not fuse the saturation).
 __device__ __forceinline__ float fma_saturate(float a, float b, float c) {
   float d;
@@ -376,15 +404,16 @@ __device__ __forceinline__ void code_threshold_candidate(int i, float scale, flo
   // q + zero >= the midpoint below W_j (a tie rounds to even: W_1 is odd, W_2 and W_3 even).
   const double mid_below_w = i == 0 ? 0.5 - 3 * 0x1p-26 : (i == 1 ? 1.5 - 0x1p-24 : 2.5 - 0x1p-23);
   const bool w_odd = i == 0;
-  const double zero_d = zero, scale_d = scale;
+  const double zero_d = float_to_double(zero), scale_d = float_to_double(scale);
   // The smallest float q reaching it, then the smallest v with RN(v / scale) >= q: v / scale >= the
   // midpoint below q (exact in double).
   const double q_real = mid_below_w - zero_d;
   float q = double_to_float_ru(q_real);
-  if (w_odd && (double)q == q_real) q = float_succ(q);
-  const double v_real = 0.5 * ((double)float_pred(q) + (double)q) * scale_d;
+  const double q_d = float_to_double(q);
+  if (w_odd && q_d == q_real) q = float_succ(q);
+  const double v_real = 0.5 * (float_to_double(float_pred(q)) + float_to_double(q)) * scale_d;
   float t = double_to_float_ru(v_real);
-  if ((__float_as_int(q) & 1) && (double)t == v_real) t = float_succ(t);
+  if ((__float_as_int(q) & 1) && float_to_double(t) == v_real) t = float_succ(t);
   t_out = t, below_out = float_pred(t);
 }
 __device__ __forceinline__ void code_threshold_finish(int i, float t, float below, float tau, float scale, float r,
@@ -449,21 +478,20 @@ __device__ __forceinline__ void sort_descending(float (&v)[N]) {
 // shuffles, merged alike on both lanes); both compute the metadata, the code thresholds are shared out (one
 // each, one on both) and each stores half of the codes. Every lane of the warp must call it (store = false: a
 // row past the end, quantised but not stored).
-template <int D, int KMAX, int LANES = 1>
-__device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p, const float* x, long row, int k_top,
+template <int D, int KMAX, int LANES = 1, class Row>
+__device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p, Row x, long row, int k_top,
                                                     bool store = true) {
   static_assert(LANES == 1 || LANES == 2, "one or two lanes per row");
   constexpr int Q = D / 4, G = D / 8, GL = G / LANES;  // groups of 8 values per lane
   const int half = LANES == 2 ? (int)(threadIdx.x % 32) / 16 : 0;
-  const float* xl = x + half * (D / LANES);  // this lane's columns
+  const int first_chunk = half * (D / LANES / 4);  // this lane's columns
   unsigned pairs = 0xffffffffu;  // the lanes taking part in the exchanges
   auto partner = [&pairs](auto v) { return __shfl_xor_sync(pairs, v, 16); };
   // (1) min / max and the group maxima of |x|.
   float lo, hi, group_abs[GL];
 #pragma unroll
   for (int g = 0; g < GL; ++g) {
-    const float4 a = *reinterpret_cast<const float4*>(xl + 8 * g);
-    const float4 b = *reinterpret_cast<const float4*>(xl + 8 * g + 4);
+    const float4 a = x.chunk(first_chunk + 2 * g), b = x.chunk(first_chunk + 2 * g + 1);
     const float gmax = fmaxf(fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)), fmaxf(fmaxf(b.x, b.y), fmaxf(b.z, b.w)));
     const float gmin = fminf(fminf(fminf(a.x, a.y), fminf(a.z, a.w)), fminf(fminf(b.x, b.y), fminf(b.z, b.w)));
     lo = g == 0 ? gmin : fminf(lo, gmin);
@@ -545,7 +573,7 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
     while (groups) {
       const int g = __ffs(groups) - 1;
       groups &= groups - 1;
-      insert8(*reinterpret_cast<const float4*>(x + 8 * g), *reinterpret_cast<const float4*>(x + 8 * g + 4), true);
+      insert8(x.chunk(2 * g), x.chunk(2 * g + 1), true);
     }
     merge_partner();
     tau = kth();
@@ -553,8 +581,8 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
   auto clip = [&](float v) { return KMAX > 0 ? fminf(fmaxf(v, -tau), tau) : v; };
   float mn = clip(lo), mx = clip(hi);
   if (mn == 0.f || mx == 0.f) {  // std::min / std::max keep the first of equal values: the sign of a zero
-    mn = mx = clip(x[0]);
-    for (int c = 1; c < D; ++c) mn = first_min(mn, clip(x[c])), mx = first_max(mx, clip(x[c]));
+    mn = mx = clip(x.at(0));
+    for (int c = 1; c < D; ++c) mn = first_min(mn, clip(x.at(c))), mx = first_max(mx, clip(x.at(c)));
   }
   const float scale = group_scale(mn, mx, p.metadata);
   const float zero = round_metadata(__fdiv_rn(-mn, scale), p.metadata);
@@ -596,7 +624,7 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
   for (int h = 0; h < Q / 2; ++h) byte_pairs[h] = 0.f;
 #pragma unroll
   for (int c = 0; c < D / LANES; c += 4) {
-    const float4 v4 = *reinterpret_cast<const float4*>(xl + c);
+    const float4 v4 = x.chunk(first_chunk + c / 4);
     const float v[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -640,7 +668,7 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const __grid
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
   if ((int)threadIdx.x >= rows) return;
-  quantize_row_thread<D, KMAX>(p, tile + threadIdx.x * XS, row0 + threadIdx.x, k_top);
+  quantize_row_thread<D, KMAX>(p, PaddedRow{tile + threadIdx.x * XS}, row0 + threadIdx.x, k_top);
 }
 
 // ---------------------------------------------------------------- rotated path on tensor cores
@@ -741,7 +769,7 @@ __global__ void __launch_bounds__(D) quantize_rows_rotated_kernel(const __grid_c
   if ((int)threadIdx.x >= rows) return;
   // The plain quantiser: here only 64 of the D threads quantise, so the latency of the per-row
   // threshold search would not be hidden (measured: 3832 instead of 3388 us at d = 256).
-  quantize_row_thread_plain<D, KMAX>(p, tile + threadIdx.x * XS, row0 + threadIdx.x, k_top);
+  quantize_row_thread_plain<D, KMAX>(p, PaddedRow{tile + threadIdx.x * XS}, row0 + threadIdx.x, k_top);
 }
 
 // ---------------------------------------------------------------- rotated path: fp16 split, warp pipelines
@@ -758,15 +786,17 @@ __global__ void __launch_bounds__(D) quantize_rows_rotated_kernel(const __grid_c
 // shifts are one) into the tile; then the rows are quantised (quantize_row_thread). Independent warps
 // overlap one another's loads, tensor-core work and quantiser.
 // d = 128 (the quantiser, not the tensor cores, sets the pace: with 32-row tiles and 8 warps, 2 per
-// scheduler, 0.54 were eligible): 16-row tiles, 16 warps (4 per scheduler) at <= 128 registers, two lanes
-// per row in the quantiser, and x.R on wgmma (sm_90a builds, kernels/CMakeLists.txt): the four warps of a
-// warpgroup take the consecutive tiles of a 64-row group tile, one wgmma m64n128k16 per k-step and term,
-// A (the split x of the four tiles) and R_hi / R_lo from shared memory (no per-warp B loads: 16-row tiles on
-// mma.sync would read all of R per 16 rows; measured 470 against 430 us). A from shared memory rather than from
-// registers (each warp's mma.sync fragments, as before): with the A registers of every wgmma in flight ptxas ran
-// out of registers and serialised the 24 wgmma of a tile (C7511; ~29 % of the warps' time waited there): 380 ->
-// 362 us. d = 64: 32-row tiles, 8 warps, two CTAs per SM, mma.sync, one lane per row (wgmma measured 0.8 %
-// slower there).
+// scheduler, 0.54 were eligible): 16-row tiles, 20 warps (5 per scheduler) at <= 96 registers, two lanes per
+// row in the quantiser, unpadded tiles (split_tile_swizzled), and x.R on wgmma (sm_90a builds,
+// kernels/CMakeLists.txt): one wgmma m64n128k16 per k-step and term for a 64-row group tile, A (the split x
+// of four warps' tiles) and R_hi / R_lo from shared memory (no per-warp B loads: 16-row tiles on mma.sync
+// would read all of R per 16 rows; measured 470 against 430 us). A from shared memory rather than from
+// registers: with the A registers of every wgmma in flight ptxas ran out of registers and serialised the 24
+// wgmma of a tile (C7511): 380 -> 362 us. The warpgroups specialise (kProducerGroups, below): two split x,
+// run the wgmma and scale x.R back into the tiles of three that quantise, so that no warp waits for the
+// tensor cores or for the three others of its warpgroup before quantising (349-352 -> 333-335 us; all 20
+// warps running every stage: 343-345). d = 64: 32-row tiles, 8 warps, two CTAs per SM, mma.sync, one lane
+// per row (wgmma measured 0.8 % slower there).
 // Bank conflicts (mma.sync): the k order inside a k-step is free (A and B permuted alike): lane (g, t) reads k
 // 4t..4t+3 of its row pair with one 16-byte load for hi and one for lo, and fragment row g is tile row
 // rho(g) = g / 2 + 4 (g % 2) (also free), so 8 consecutive lanes hit 8 distinct 16-byte bank groups
@@ -778,13 +808,28 @@ constexpr int split_warp_rows() {
 }
 template <int D>
 constexpr int split_warps() {
-  return D == 128 ? 16 : 8;
+  return D == 128 ? 20 : 8;
+}
+// The warps' tiles: d = 64, rows of d + 4 floats; d = 128, rows of d floats with swizzled 16-byte chunks
+// (SwizzledRow; 20 padded tiles and R would not fit in shared memory).
+template <int D>
+constexpr bool split_tile_swizzled() {
+  return D == 128;
+}
+template <int D>
+constexpr int split_row_floats() {
+  return split_tile_swizzled<D>() ? D : D + 4;
+}
+// Offset (floats) of chunk `chunk` (columns 4 chunk .. 4 chunk + 3) of row `row` in a warp's tile.
+template <int D>
+__device__ __forceinline__ int split_tile_offset(int row, int chunk) {
+  return row * split_row_floats<D>() + 4 * (split_tile_swizzled<D>() ? chunk ^ (row % 8) : chunk);
 }
 
 template <int D>
 constexpr int split_smem_bytes() {
   return (D / 16) * (D / 8) * 32 * 16  // R fragments
-         + (2 * D + split_warps<D>() * split_warp_rows<D>() * (D + 4)) * (int)sizeof(float);
+         + (2 * D + split_warps<D>() * split_warp_rows<D>() * split_row_floats<D>()) * (int)sizeof(float);
 }
 
 // 2^s for s in [-126, 127].
@@ -808,8 +853,12 @@ __device__ __forceinline__ void split_fp16x2(float a, float b, float scale, uint
 }
 
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
+// d = 128 on sm_90a: warpgroups that split x, run the wgmma and scale back (producers), and warpgroups that quantise
+// (consumers). Local group tile i of a CTA goes through producer i % 2 and consumer i % 3. (One producer and four
+// consumers: 403 us, the producer's split, wgmma and tile load in series set the pace.)
+constexpr int kProducerGroups = 2, kConsumerGroups = 3;
 // Byte offset of the second 8-row group of a 16-row warp tile (d = 128; the split x as the wgmma A operand).
-constexpr uint32_t kSplitGroupBytes = 8 * (128 + 4) * (uint32_t)sizeof(float);
+constexpr uint32_t kSplitGroupBytes = 8 * 128 * (uint32_t)sizeof(float);
 
 // d += a b for one warpgroup: wgmma m64n128k16 (d = 128), fp16 operands, fp32 accumulators; a and b from shared
 // memory (descriptors), K-major, not transposed.
@@ -838,6 +887,21 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // The compiler sees only the issue of a wgmma: this keeps its accumulators' later uses after the wait.
 __device__ __forceinline__ void fence_register(float& v) { asm volatile("" : "+f"(v)::"memory"); }
+// mbarrier (shared memory) arrive (release) and wait for the completion of the phase of the given parity (acquire).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(address) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(address), "r"(parity)
+        : "memory");
+}
 // Descriptor of a K-major, no-swizzle operand at shared address `address`: 128-byte core matrices
 // (8 rows of 16 bytes), the next one along K at +128 bytes (leading byte offset), along M or N at +stride.
 __device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address, uint32_t stride = 256) {
@@ -848,35 +912,34 @@ __device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address, uint32_t 
 // The [ROWS, D] tile of rows row0.. into this warp's shared memory (cp.async; rows past the end zeroed).
 template <int D, int ROWS>
 __device__ __forceinline__ void load_warp_tile(const QuantizePackParams& p, float* tile, long row0, int lane) {
-  constexpr int XS = D + 4;
   static_assert(D / 4 <= 32 && 32 % (D / 4) == 0, "a row is a whole number of 16-byte pieces per warp");
   constexpr int kRowStep = 32 / (D / 4);  // rows per pass of the warp
   const int rows = (int)min((long)ROWS, p.rows - row0);
-  const int c = 4 * (lane % (D / 4)), r0 = lane / (D / 4);
-  float* dst = tile + r0 * XS + c;
-  const float* src = p.input + (row0 + r0) * D + c;
+  const int chunk = lane % (D / 4), r0 = lane / (D / 4);
+  const float* src = p.input + (row0 + r0) * D + 4 * chunk;
   if (rows == ROWS) {
 #pragma unroll
-    for (int r = 0; r < ROWS; r += kRowStep) cp_async16(dst + r * XS, src + r * D);
+    for (int r = 0; r < ROWS; r += kRowStep) cp_async16(tile + split_tile_offset<D>(r0 + r, chunk), src + r * D);
   } else {
     for (int r = 0; r < ROWS; r += kRowStep) {
-      if (r0 + r < rows) cp_async16(dst + r * XS, src + r * D);
-      else *reinterpret_cast<float4*>(dst + r * XS) = make_float4(0.f, 0.f, 0.f, 0.f);
+      float* dst = tile + split_tile_offset<D>(r0 + r, chunk);
+      if (r0 + r < rows) cp_async16(dst, src + r * D);
+      else *reinterpret_cast<float4*>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-// <= 128 registers: 16 warps per SM (d = 128: one CTA of 16; d = 64: two of 8).
+// d = 128: one CTA of 20 warps per SM (<= 96 registers); d = 64: two CTAs of 8 (<= 128 registers).
 template <int D, int KMAX>
 __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
-    quantize_rows_rotated_split_kernel(const QuantizePackParams p, int k_top) {
+    quantize_rows_rotated_split_kernel(const __grid_constant__ QuantizePackParams p, int k_top) {
   static_assert(D == 64 || D == 128, "R fragments of d = 256 do not fit in shared memory");
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
   constexpr bool WGMMA = D == 128;
 #endif
   constexpr int ROWS = split_warp_rows<D>(), WARPS = split_warps<D>(), THREADS = WARPS * 32;
-  constexpr int XS = D + 4, KSTEPS = D / 16, NTILES = D / 8, MTILES = ROWS / 16, LANES = 32 / ROWS;
+  constexpr int XS = split_row_floats<D>(), KSTEPS = D / 16, NTILES = D / 8, MTILES = ROWS / 16, LANES = 32 / ROWS;
   constexpr int PAIRS = ROWS / 2, PARTS = 32 / PAIRS;  // in the split: row pairs, column parts per pair
   extern __shared__ __align__(16) float smem[];
   // mma.sync: [D/16 k-steps][D/8 n-tiles][32 lanes] {hi, lo} fragments; wgmma: R_hi then R_lo, each
@@ -885,14 +948,26 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
   float* col_scale = smem + KSTEPS * NTILES * 32 * 4;     // [D] 2^c_n
   float* col_inverse = col_scale + D;                     // [D] 2^-c_n
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* tile = col_inverse + D + warp * ROWS * XS;  // [ROWS][D + 4]: x, split x, then x.R
-  // The warps of a warpgroup take the consecutive tiles of one 4 ROWS-row group tile (all four run every
-  // group tile, past the end with zero rows: wgmma is a warpgroup instruction; broadcast from lane 0,
-  // ptxas knows the loop is warp-uniform and does not serialise the wgmma).
+  float* tile = col_inverse + D + warp * ROWS * XS;  // [ROWS][XS]: x, split x, then x.R
+  auto chunk_at = [tile](int row, int chunk) { return tile + split_tile_offset<D>(row, chunk); };
+  auto row_of = [tile](int row) {  // one row for the quantiser
+    if constexpr (split_tile_swizzled<D>()) return SwizzledRow{tile + row * XS, row % 8};
+    else return PaddedRow{tile + row * XS};
+  };
+  // Group tiles of 4 ROWS rows; warp w % 4 of a warpgroup takes the w-th ROWS rows of each of its group tiles
+  // (past the end: zero rows). (Broadcast from lane 0: ptxas knows the loops are warp-uniform and does not
+  // serialise the wgmma.)
   const long group_tiles = (p.rows + 4 * ROWS - 1) / (4 * ROWS);
   const long stride = (long)gridDim.x * (WARPS / 4);
   long group_index = (long)blockIdx.x * (WARPS / 4) + __shfl_sync(0xffffffffu, warp / 4, 0);
   const int warp_offset = __shfl_sync(0xffffffffu, warp % 4, 0) * ROWS;
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+  if constexpr (WGMMA) {  // the producers' first group tiles (local group i = warpgroup)
+    const long first = blockIdx.x + (long)(warp / 4) * gridDim.x;
+    if (warp / 4 < kProducerGroups && first < group_tiles)
+      load_warp_tile<D, ROWS>(p, tile, first * 4 * ROWS + warp_offset, lane);
+  } else
+#endif
   if (group_index < group_tiles) load_warp_tile<D, ROWS>(p, tile, group_index * 4 * ROWS + warp_offset, lane);
   // Column shifts. When they all lie within 2^7 of one another (any R of similar columns, e.g.
   // orthogonal), every column takes the smallest one (column maxima scaled into [2^6, 2^14): the lo
@@ -903,15 +978,27 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
   __shared__ int shift_min, shift_max;
   int* col_max_bits = reinterpret_cast<int*>(col_scale);
   if (threadIdx.x == 0) shift_min = 1000, shift_max = -1000;
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+  __shared__ uint64_t tile_full[kConsumerGroups], tile_empty[kConsumerGroups];  // mbarriers of the consumers' tiles
+  if constexpr (WGMMA) {
+    if (threadIdx.x < kConsumerGroups) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\n" ::"r"(
+                       static_cast<uint32_t>(__cvta_generic_to_shared(tile_full + threadIdx.x)))
+                   : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\n" ::"r"(
+                       static_cast<uint32_t>(__cvta_generic_to_shared(tile_empty + threadIdx.x)))
+                   : "memory");
+    }
+  }
+#endif
   for (int n = threadIdx.x; n < D; n += THREADS) col_max_bits[n] = 0;
   __syncthreads();
   static_assert(THREADS % D == 0, "whole columns per thread");
   {
-    constexpr int KPART = D / (THREADS / D);  // k rows per thread
-    const int n = threadIdx.x % D, k0 = (int)threadIdx.x / D * KPART;
+    const int n = threadIdx.x % D;
     float m = 0.f;
 #pragma unroll 8
-    for (int k = k0; k < k0 + KPART; ++k) m = fmaxf(m, fabsf(__ldg(p.rotation + (size_t)k * D + n)));
+    for (int k = threadIdx.x / D; k < D; k += THREADS / D) m = fmaxf(m, fabsf(__ldg(p.rotation + (size_t)k * D + n)));
     atomicMax(col_max_bits + n, __float_as_int(m));
   }
   __syncthreads();
@@ -965,197 +1052,282 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
   __syncthreads();  // R ready; from here on the warps are independent (no CTA barrier)
   const int g = lane / 4, t = lane % 4;
   const int rho = g / 2 + 4 * (g % 2);  // tile row of fragment row g (and rho + 8 of g + 8)
-  for (; group_index < group_tiles; group_index += stride) {
-    const long row0 = group_index * 4 * ROWS + warp_offset;
-    const int rows = (int)min((long)ROWS, p.rows - row0);
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    __syncwarp();
-    // Lane (j + 8 m + PAIRS h) splits columns [h D/PARTS, (h + 1) D/PARTS) of the row pair (16 m + j,
-    // 16 m + j + 8) (the two rows of one A fragment): each 4 columns of both rows become the 16-byte hi fragment
-    // {a0, a1, a2, a3} = hi(upper: k, k+1), hi(lower: k, k+1), hi(upper: k+2, k+3), hi(lower: k+2, k+3),
-    // stored in place of the upper row's 4 values, and the lo fragment in place of the lower row's, so
-    // the mma loads each operand with one 16-byte load straight into its registers (no moves).
-    // Row scale: from the sum of |x| (fp32 pipe) instead of the maximum: max |x| 2^r lands in [2^6, 2^14).
-    float inverse_upper, inverse_lower;  // 2^-r of this lane's two rows (2^-(r + c): uniform columns)
-    {
-      const int j = lane % 8, m = (lane % PAIRS) / 8, h = lane / PAIRS;
-      float* upper = tile + (16 * m + j) * XS + h * (D / PARTS);
-      float* lower = upper + 8 * XS;
-      float su = 0.f, sl = 0.f;
-#pragma unroll 8
-      for (int c = 0; c < D / PARTS; c += 4) {
-        const float4 u = *reinterpret_cast<const float4*>(upper + c);
-        const float4 v = *reinterpret_cast<const float4*>(lower + c);
-        su += fabsf(u.x) + fabsf(u.y) + fabsf(u.z) + fabsf(u.w);
-        sl += fabsf(v.x) + fabsf(v.y) + fabsf(v.z) + fabsf(v.w);
-      }
-#pragma unroll
-      for (int offset = PAIRS; offset < 32; offset *= 2)  // (a butterfly: the same sum on every lane)
-        su += __shfl_xor_sync(0xffffffffu, su, offset), sl += __shfl_xor_sync(0xffffffffu, sl, offset);
-      int ru = fp16_range_shift(su), rl = fp16_range_shift(sl);
-      if (uniform_columns) {  // 2^-(r + c) must be a normal float: r + c <= 126 (tiny rows scale less)
-        ru = min(ru, 126 - column_shift), rl = min(rl, 126 - column_shift);
-        inverse_upper = exp2_int(min(-(ru + column_shift), 127));  // (127: the result overflows anyway)
-        inverse_lower = exp2_int(min(-(rl + column_shift), 127));
-      } else {
-        inverse_upper = exp2_int(-ru), inverse_lower = exp2_int(-rl);
-      }
-      const float scale_upper = exp2_int(ru), scale_lower = exp2_int(rl);
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
-      if constexpr (WGMMA) {
-        // The split x as the wgmma A operand (K-major, no swizzle), in place: the tile's rows 0-7 (bytes [0,
-        // kSplitGroupBytes)) become the core matrices of hi (+0) and lo (+2048) of those rows, core column kc (k 8 kc
-        // .. 8 kc + 7) at +128 kc, fragment row g (tile row rho(g), as the accumulators expect) at +16 g; rows
-        // 8-15 the same at +kSplitGroupBytes. Each lane reads its 32 values of a row before any lane writes.
-        static_assert(ROWS == 16 && PARTS == 4, "16-row warp tiles");
-        const int g_of_row = 2 * (j % 4) + j / 4;  // rho^-1(j)
-        auto split_row = [&](const float* row, float scale, int group) {
-          float v[32];
-#pragma unroll
-          for (int c = 0; c < 32; c += 4) {
-            const float4 q = *reinterpret_cast<const float4*>(row + c);
-            v[c] = q.x, v[c + 1] = q.y, v[c + 2] = q.z, v[c + 3] = q.w;
-          }
-          __syncwarp();
-          char* base = reinterpret_cast<char*>(tile) + group * kSplitGroupBytes + 16 * g_of_row;
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            uint4 hi, lo;
-            split_fp16x2(v[8 * c], v[8 * c + 1], scale, hi.x, lo.x);
-            split_fp16x2(v[8 * c + 2], v[8 * c + 3], scale, hi.y, lo.y);
-            split_fp16x2(v[8 * c + 4], v[8 * c + 5], scale, hi.z, lo.z);
-            split_fp16x2(v[8 * c + 6], v[8 * c + 7], scale, hi.w, lo.w);
-            *reinterpret_cast<uint4*>(base + 128 * (4 * h + c)) = hi;
-            *reinterpret_cast<uint4*>(base + 2048 + 128 * (4 * h + c)) = lo;
-          }
-        };
-        split_row(upper, scale_upper, 0);
-        split_row(lower, scale_lower, 1);
-      } else
-#endif
-      {
+  if constexpr (WGMMA) {
+    // Warpgroup wg < P produces the local group tiles wg, wg + P, ..: its warps' tiles hold x, then the split x (the
+    // wgmma A operand); x.R goes to the tiles of consumer k = i % C, whose warp w quantises the rows of producer warp
+    // w. Hand-over by two mbarriers per consumer, 128 arrivals each: full[k] (x.R written: the producer's threads
+    // arrive, the consumer waits) and empty[k] (the consumer's threads done reading: they arrive, the producer of
+    // the tile's next group tile i + C waits before writing). The u-th use of consumer k's tiles (i = u C + k) is
+    // phase u of both; neither runs two phases ahead of a waiter (each phase needs the other's previous one), so
+    // the phase parity names it. (Named barriers per (producer, consumer) pair measured 339-340 us against 333-335;
+    // compute-sanitizer's racecheck does not follow them.)
+    constexpr int P = kProducerGroups, C = kConsumerGroups;
+    static_assert(ROWS == 16 && PARTS == 4 && 4 * (P + C) == WARPS, "16-row warp tiles, P + C warpgroups");
+    const int wg = __shfl_sync(0xffffffffu, warp / 4, 0), w = warp % 4;  // (warp-uniform: no serialised wgmma)
+    float* const consumer_tiles = col_inverse + D + 4 * P * ROWS * XS;  // [C][4 warps][ROWS][XS]
+    if (wg < P) {
+      const uint32_t r_hi = static_cast<uint32_t>(__cvta_generic_to_shared(rfrag)), r_lo = r_hi + KSTEPS * 32 * D;
+      const uint32_t x_hi = static_cast<uint32_t>(__cvta_generic_to_shared(col_inverse + D + 4 * wg * ROWS * XS)),
+                     x_lo = x_hi + 2048;
+      for (long i = wg;; i += P) {
+        const long gi = blockIdx.x + i * gridDim.x;
+        if (gi >= group_tiles) break;
+        const long next = gi + (long)P * gridDim.x;
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        __syncwarp();
+        // The split (see the mma.sync one below for the row scales): lane (j + 8 h) takes columns [32 h, 32 h + 32)
+        // of rows j and j + 8. The split x as the wgmma A operand (K-major, no swizzle), in place: the tile's rows
+        // 0-7 (bytes [0, kSplitGroupBytes)) become the core matrices of hi (+0) and lo (+2048) of those rows, core
+        // column kc (k 8 kc .. 8 kc + 7) at +128 kc, fragment row g (tile row rho(g), as the accumulators expect) at
+        // +16 g; rows 8-15 the same at +kSplitGroupBytes. Each lane reads its 32 values of a row before any lane
+        // writes. The warpgroup's eight 8-row groups lie kSplitGroupBytes apart: one m64 A operand.
+        float inverse_upper, inverse_lower;
+        {
+          const int j = lane % 8, h = lane / 8;
+          const int upper = j, lower = j + 8, chunk0 = h * (D / PARTS / 4);
+          float su = 0.f, sl = 0.f;
 #pragma unroll 8
-        for (int c = 0; c < D / PARTS; c += 4) {
-          const float4 u = *reinterpret_cast<const float4*>(upper + c);
-          const float4 v = *reinterpret_cast<const float4*>(lower + c);
-          uint4 fhi, flo;
-          split_fp16x2(u.x, u.y, scale_upper, fhi.x, flo.x);
-          split_fp16x2(v.x, v.y, scale_lower, fhi.y, flo.y);
-          split_fp16x2(u.z, u.w, scale_upper, fhi.z, flo.z);
-          split_fp16x2(v.z, v.w, scale_lower, fhi.w, flo.w);
-          *reinterpret_cast<uint4*>(upper + c) = fhi;
-          *reinterpret_cast<uint4*>(lower + c) = flo;
+          for (int c = 0; c < D / PARTS; c += 4) {
+            const float4 u = *reinterpret_cast<const float4*>(chunk_at(upper, chunk0 + c / 4));
+            const float4 v = *reinterpret_cast<const float4*>(chunk_at(lower, chunk0 + c / 4));
+            su += fabsf(u.x) + fabsf(u.y) + fabsf(u.z) + fabsf(u.w);
+            sl += fabsf(v.x) + fabsf(v.y) + fabsf(v.z) + fabsf(v.w);
+          }
+#pragma unroll
+          for (int offset = PAIRS; offset < 32; offset *= 2)
+            su += __shfl_xor_sync(0xffffffffu, su, offset), sl += __shfl_xor_sync(0xffffffffu, sl, offset);
+          int ru = fp16_range_shift(su), rl = fp16_range_shift(sl);
+          if (uniform_columns) {
+            ru = min(ru, 126 - column_shift), rl = min(rl, 126 - column_shift);
+            inverse_upper = exp2_int(min(-(ru + column_shift), 127));
+            inverse_lower = exp2_int(min(-(rl + column_shift), 127));
+          } else {
+            inverse_upper = exp2_int(-ru), inverse_lower = exp2_int(-rl);
+          }
+          const float scale_upper = exp2_int(ru), scale_lower = exp2_int(rl);
+          const int g_of_row = 2 * (j % 4) + j / 4;  // rho^-1(j)
+          auto split_row = [&](int row, float scale, int group) {
+            float v[32];
+#pragma unroll
+            for (int c = 0; c < 32; c += 4) {
+              const float4 q = *reinterpret_cast<const float4*>(chunk_at(row, chunk0 + c / 4));
+              v[c] = q.x, v[c + 1] = q.y, v[c + 2] = q.z, v[c + 3] = q.w;
+            }
+            __syncwarp();
+            char* base = reinterpret_cast<char*>(tile) + group * kSplitGroupBytes + 16 * g_of_row;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              uint4 hi, lo;
+              split_fp16x2(v[8 * c], v[8 * c + 1], scale, hi.x, lo.x);
+              split_fp16x2(v[8 * c + 2], v[8 * c + 3], scale, hi.y, lo.y);
+              split_fp16x2(v[8 * c + 4], v[8 * c + 5], scale, hi.z, lo.z);
+              split_fp16x2(v[8 * c + 6], v[8 * c + 7], scale, hi.w, lo.w);
+              *reinterpret_cast<uint4*>(base + 128 * (4 * h + c)) = hi;
+              *reinterpret_cast<uint4*>(base + 2048 + 128 * (4 * h + c)) = lo;
+            }
+          };
+          split_row(upper, scale_upper, 0);
+          split_row(lower, scale_lower, 1);
         }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the split x visible to the tensor cores
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");     // of all four warps
+        float d[64];  // fragment row g: tile row rho(g)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) d[e] = 0.f;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+          const uint64_t b_hi = wgmma_descriptor(r_hi + ks * 32 * D), b_lo = wgmma_descriptor(r_lo + ks * 32 * D);
+          const uint64_t a_hi = wgmma_descriptor(x_hi + ks * 256, kSplitGroupBytes),
+                         a_lo = wgmma_descriptor(x_lo + ks * 256, kSplitGroupBytes);
+          wgmma_f16_ss(d, a_lo, b_hi);
+          wgmma_f16_ss(d, a_hi, b_lo);
+          wgmma_f16_ss(d, a_hi, b_hi);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // no warp overwrites the A operand early
+#pragma unroll
+        for (int e = 0; e < 64; ++e) fence_register(d[e]);
+        if (next < group_tiles) load_warp_tile<D, ROWS>(p, tile, next * 4 * ROWS + warp_offset, lane);
+        const float rinv_upper = __shfl_sync(0xffffffffu, inverse_upper, rho),
+                    rinv_lower = __shfl_sync(0xffffffffu, inverse_lower, rho);
+        const int k = (int)(i % C);
+        if (i >= C) mbarrier_wait(tile_empty + k, (uint32_t)(i / C - 1) & 1u);
+        float* out = consumer_tiles + (4 * k + w) * ROWS * XS;
+        auto out_at = [out](int row, int chunk) { return out + split_tile_offset<D>(row, chunk); };
+        if (uniform_columns) {
+#pragma unroll
+          for (int n = 0; n < NTILES; ++n) {
+            float* c = out_at(rho, 2 * n + t / 2) + 2 * (t % 2);
+            float* c8 = out_at(rho + 8, 2 * n + t / 2) + 2 * (t % 2);
+            *reinterpret_cast<float2*>(c) = make_float2(d[4 * n] * rinv_upper, d[4 * n + 1] * rinv_upper);
+            *reinterpret_cast<float2*>(c8) = make_float2(d[4 * n + 2] * rinv_lower, d[4 * n + 3] * rinv_lower);
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < NTILES; ++n) {
+            const float2 ci = *reinterpret_cast<const float2*>(col_inverse + 8 * n + 2 * t);
+            float* c = out_at(rho, 2 * n + t / 2) + 2 * (t % 2);
+            float* c8 = out_at(rho + 8, 2 * n + t / 2) + 2 * (t % 2);
+            *reinterpret_cast<float2*>(c) = make_float2(d[4 * n] * rinv_upper * ci.x, d[4 * n + 1] * rinv_upper * ci.y);
+            *reinterpret_cast<float2*>(c8) =
+                make_float2(d[4 * n + 2] * rinv_lower * ci.x, d[4 * n + 3] * rinv_lower * ci.y);
+          }
+        }
+        mbarrier_arrive(tile_full + k);
+      }
+    } else {  // consumer k: the local group tiles k, k + C, ..; lanes r and r + 16 share row r
+      const int k = wg - P;
+      float* in = consumer_tiles + (4 * k + w) * ROWS * XS;
+      const int r = lane % ROWS;
+      for (long i = k;; i += C) {
+        const long gi = blockIdx.x + i * gridDim.x;
+        if (gi >= group_tiles) break;
+        const long row0 = gi * 4 * ROWS + warp_offset;
+        const int rows = (int)min((long)ROWS, p.rows - row0);
+        mbarrier_wait(tile_full + k, (uint32_t)(i / C) & 1u);
+        quantize_row_thread<D, KMAX, LANES>(p, SwizzledRow{in + r * XS, r % 8}, row0 + r, k_top, r < rows);
+        mbarrier_arrive(tile_empty + k);
       }
     }
-    __syncwarp();
-    float acc[MTILES][NTILES][4];  // [m-tile][n-tile][fragment]
+  } else
+#endif
+  {  // mma.sync: every warpgroup splits, multiplies and quantises its own group tiles
+    for (; group_index < group_tiles; group_index += stride) {
+      const long row0 = group_index * 4 * ROWS + warp_offset;
+      const int rows = (int)min((long)ROWS, p.rows - row0);
+      asm volatile("cp.async.wait_all;\n" ::: "memory");
+      __syncwarp();
+      // Lane (j + 8 m + PAIRS h) splits columns [h D/PARTS, (h + 1) D/PARTS) of the row pair (16 m + j,
+      // 16 m + j + 8) (the two rows of one A fragment): each 4 columns of both rows become the 16-byte hi fragment
+      // {a0, a1, a2, a3} = hi(upper: k, k+1), hi(lower: k, k+1), hi(upper: k+2, k+3), hi(lower: k+2, k+3),
+      // stored in place of the upper row's 4 values, and the lo fragment in place of the lower row's, so
+      // the mma loads each operand with one 16-byte load straight into its registers (no moves).
+      // Row scale: from the sum of |x| (fp32 pipe) instead of the maximum: max |x| 2^r lands in [2^6, 2^14).
+      float inverse_upper, inverse_lower;  // 2^-r of this lane's two rows (2^-(r + c): uniform columns)
+      {
+        const int j = lane % 8, m = (lane % PAIRS) / 8, h = lane / PAIRS;
+        const int upper = 16 * m + j, lower = upper + 8, chunk0 = h * (D / PARTS / 4);  // rows, first chunk
+        float su = 0.f, sl = 0.f;
+#pragma unroll 8
+        for (int c = 0; c < D / PARTS; c += 4) {
+          const float4 u = *reinterpret_cast<const float4*>(chunk_at(upper, chunk0 + c / 4));
+          const float4 v = *reinterpret_cast<const float4*>(chunk_at(lower, chunk0 + c / 4));
+          su += fabsf(u.x) + fabsf(u.y) + fabsf(u.z) + fabsf(u.w);
+          sl += fabsf(v.x) + fabsf(v.y) + fabsf(v.z) + fabsf(v.w);
+        }
 #pragma unroll
-    for (int m = 0; m < MTILES; ++m)
-#pragma unroll
-      for (int n = 0; n < NTILES; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
-    // The A fragments of k-step ks (hi and lo of each m-tile): one 16-byte load each.
-    auto load_a = [&](int ks, uint4 (&a_hi)[MTILES], uint4 (&a_lo)[MTILES]) {
-#pragma unroll
-      for (int m = 0; m < MTILES; ++m) {
-        const float* a = tile + (16 * m + rho) * XS + 16 * ks + 4 * t;
-        a_hi[m] = *reinterpret_cast<const uint4*>(a);
-        a_lo[m] = *reinterpret_cast<const uint4*>(a + 8 * XS);
+        for (int offset = PAIRS; offset < 32; offset *= 2)  // (a butterfly: the same sum on every lane)
+          su += __shfl_xor_sync(0xffffffffu, su, offset), sl += __shfl_xor_sync(0xffffffffu, sl, offset);
+        int ru = fp16_range_shift(su), rl = fp16_range_shift(sl);
+        if (uniform_columns) {  // 2^-(r + c) must be a normal float: r + c <= 126 (tiny rows scale less)
+          ru = min(ru, 126 - column_shift), rl = min(rl, 126 - column_shift);
+          inverse_upper = exp2_int(min(-(ru + column_shift), 127));  // (127: the result overflows anyway)
+          inverse_lower = exp2_int(min(-(rl + column_shift), 127));
+        } else {
+          inverse_upper = exp2_int(-ru), inverse_lower = exp2_int(-rl);
+        }
+        const float scale_upper = exp2_int(ru), scale_lower = exp2_int(rl);
+        {
+#pragma unroll 8
+          for (int c = 0; c < D / PARTS; c += 4) {
+            float* u_at = chunk_at(upper, chunk0 + c / 4);
+            float* v_at = chunk_at(lower, chunk0 + c / 4);
+            const float4 u = *reinterpret_cast<const float4*>(u_at);
+            const float4 v = *reinterpret_cast<const float4*>(v_at);
+            uint4 fhi, flo;
+            split_fp16x2(u.x, u.y, scale_upper, fhi.x, flo.x);
+            split_fp16x2(v.x, v.y, scale_lower, fhi.y, flo.y);
+            split_fp16x2(u.z, u.w, scale_upper, fhi.z, flo.z);
+            split_fp16x2(v.z, v.w, scale_lower, fhi.w, flo.w);
+            *reinterpret_cast<uint4*>(u_at) = fhi;
+            *reinterpret_cast<uint4*>(v_at) = flo;
+          }
+        }
       }
-    };
-#ifdef __CUDA_ARCH_FEAT_SM90_ALL
-    if constexpr (WGMMA) {
-      // The split x of the warpgroup's four tiles is one m64 A operand: eight 8-row groups kSplitGroupBytes apart.
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the split x visible to the tensor cores
-      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warp / 4) : "memory");  // of all four warps
-      const uint32_t r_hi = static_cast<uint32_t>(__cvta_generic_to_shared(rfrag)), r_lo = r_hi + KSTEPS * 32 * D;
-      const uint32_t x_hi = static_cast<uint32_t>(__cvta_generic_to_shared(col_inverse + D + (warp & ~3) * ROWS * XS)),
-                     x_lo = x_hi + 2048;
-      wgmma_fence();  // the zeroed accumulators written
-      float(&d)[64] = reinterpret_cast<float(&)[64]>(acc[0]);
-#pragma unroll
-      for (int ks = 0; ks < KSTEPS; ++ks) {
-        const uint64_t b_hi = wgmma_descriptor(r_hi + ks * 32 * D), b_lo = wgmma_descriptor(r_lo + ks * 32 * D);
-        const uint64_t a_hi = wgmma_descriptor(x_hi + ks * 256, kSplitGroupBytes),
-                       a_lo = wgmma_descriptor(x_lo + ks * 256, kSplitGroupBytes);
-        wgmma_f16_ss(d, a_lo, b_hi);
-        wgmma_f16_ss(d, a_hi, b_lo);
-        wgmma_f16_ss(d, a_hi, b_hi);
-      }
-      wgmma_commit();
-      wgmma_wait_all();
-      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warp / 4) : "memory");  // no warp overwrites the A operand early
+      __syncwarp();
+      float acc[MTILES][NTILES][4];  // [m-tile][n-tile][fragment]
 #pragma unroll
       for (int m = 0; m < MTILES; ++m)
 #pragma unroll
         for (int n = 0; n < NTILES; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) fence_register(acc[m][n][e]);
-    } else
-#endif
-    {
+          for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
+      // The A fragments of k-step ks (hi and lo of each m-tile): one 16-byte load each.
+      auto load_a = [&](int ks, uint4 (&a_hi)[MTILES], uint4 (&a_lo)[MTILES]) {
+#pragma unroll
+        for (int m = 0; m < MTILES; ++m) {
+          a_hi[m] = *reinterpret_cast<const uint4*>(chunk_at(16 * m + rho, 4 * ks + t));
+          a_lo[m] = *reinterpret_cast<const uint4*>(chunk_at(16 * m + rho + 8, 4 * ks + t));
+        }
+      };
+      {
 #pragma unroll 1  // (unrolled twice: spills at 128 registers)
-      for (int ks = 0; ks < KSTEPS; ++ks) {
-        uint4 a_hi[MTILES], a_lo[MTILES];
-        load_a(ks, a_hi, a_lo);
-        const uint4* bk = rfrag + ks * NTILES * 32 + lane;
-        // One n-tile's B fragment at a time (4 registers, not 4 NTILES): the MTILES x 3 mma of consecutive
-        // n-tiles are independent.
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+          uint4 a_hi[MTILES], a_lo[MTILES];
+          load_a(ks, a_hi, a_lo);
+          const uint4* bk = rfrag + ks * NTILES * 32 + lane;
+          // One n-tile's B fragment at a time (4 registers, not 4 NTILES): the MTILES x 3 mma of consecutive
+          // n-tiles are independent.
+#pragma unroll
+          for (int n = 0; n < NTILES; ++n) {
+            const uint4 b = bk[n * 32];
+            auto mma = [&](int m, const uint4& a, uint32_t b0, uint32_t b1) {
+              mma_f16_16816(acc[m][n], a.x, a.y, a.z, a.w, b0, b1);
+            };
+#pragma unroll
+            for (int m = 0; m < MTILES; ++m) mma(m, a_lo[m], b.x, b.y);
+#pragma unroll
+            for (int m = 0; m < MTILES; ++m) mma(m, a_hi[m], b.z, b.w);
+#pragma unroll
+            for (int m = 0; m < MTILES; ++m) mma(m, a_hi[m], b.x, b.y);
+          }
+        }
+      }
+      float rinv[MTILES][2];  // lane 8 m + rho (h = 0) holds the pair (16 m + rho, 16 m + rho + 8)
+#pragma unroll
+      for (int m = 0; m < MTILES; ++m)
+        rinv[m][0] = __shfl_sync(0xffffffffu, inverse_upper, 8 * m + rho),
+        rinv[m][1] = __shfl_sync(0xffffffffu, inverse_lower, 8 * m + rho);
+      __syncwarp();  // every lane done reading the split x
+      if (uniform_columns) {
+#pragma unroll
+        for (int n = 0; n < NTILES; ++n)
+#pragma unroll
+          for (int m = 0; m < MTILES; ++m) {
+            float* c = chunk_at(16 * m + rho, 2 * n + t / 2) + 2 * (t % 2);
+            float* c8 = chunk_at(16 * m + rho + 8, 2 * n + t / 2) + 2 * (t % 2);
+            *reinterpret_cast<float2*>(c) = make_float2(acc[m][n][0] * rinv[m][0], acc[m][n][1] * rinv[m][0]);
+            *reinterpret_cast<float2*>(c8) = make_float2(acc[m][n][2] * rinv[m][1], acc[m][n][3] * rinv[m][1]);
+          }
+      } else {
 #pragma unroll
         for (int n = 0; n < NTILES; ++n) {
-          const uint4 b = bk[n * 32];
-          auto mma = [&](int m, const uint4& a, uint32_t b0, uint32_t b1) {
-            mma_f16_16816(acc[m][n], a.x, a.y, a.z, a.w, b0, b1);
-          };
+          const float2 ci = *reinterpret_cast<const float2*>(col_inverse + 8 * n + 2 * t);
 #pragma unroll
-          for (int m = 0; m < MTILES; ++m) mma(m, a_lo[m], b.x, b.y);
-#pragma unroll
-          for (int m = 0; m < MTILES; ++m) mma(m, a_hi[m], b.z, b.w);
-#pragma unroll
-          for (int m = 0; m < MTILES; ++m) mma(m, a_hi[m], b.x, b.y);
+          for (int m = 0; m < MTILES; ++m) {
+            float* c = chunk_at(16 * m + rho, 2 * n + t / 2) + 2 * (t % 2);
+            float* c8 = chunk_at(16 * m + rho + 8, 2 * n + t / 2) + 2 * (t % 2);
+            *reinterpret_cast<float2*>(c) =
+                make_float2(acc[m][n][0] * rinv[m][0] * ci.x, acc[m][n][1] * rinv[m][0] * ci.y);
+            *reinterpret_cast<float2*>(c8) =
+                make_float2(acc[m][n][2] * rinv[m][1] * ci.x, acc[m][n][3] * rinv[m][1] * ci.y);
+          }
         }
       }
-    }
-    float rinv[MTILES][2];  // lane 8 m + rho (h = 0) holds the pair (16 m + rho, 16 m + rho + 8)
-#pragma unroll
-    for (int m = 0; m < MTILES; ++m)
-      rinv[m][0] = __shfl_sync(0xffffffffu, inverse_upper, 8 * m + rho),
-      rinv[m][1] = __shfl_sync(0xffffffffu, inverse_lower, 8 * m + rho);
-    __syncwarp();  // every lane done reading the split x
-    if (uniform_columns) {
-#pragma unroll
-      for (int n = 0; n < NTILES; ++n)
-#pragma unroll
-        for (int m = 0; m < MTILES; ++m) {
-          float* c = tile + (16 * m + rho) * XS + 8 * n + 2 * t;
-          *reinterpret_cast<float2*>(c) = make_float2(acc[m][n][0] * rinv[m][0], acc[m][n][1] * rinv[m][0]);
-          *reinterpret_cast<float2*>(c + 8 * XS) = make_float2(acc[m][n][2] * rinv[m][1], acc[m][n][3] * rinv[m][1]);
-        }
-    } else {
-#pragma unroll
-      for (int n = 0; n < NTILES; ++n) {
-        const float2 ci = *reinterpret_cast<const float2*>(col_inverse + 8 * n + 2 * t);
-#pragma unroll
-        for (int m = 0; m < MTILES; ++m) {
-          float* c = tile + (16 * m + rho) * XS + 8 * n + 2 * t;
-          *reinterpret_cast<float2*>(c) = make_float2(acc[m][n][0] * rinv[m][0] * ci.x, acc[m][n][1] * rinv[m][0] * ci.y);
-          *reinterpret_cast<float2*>(c + 8 * XS) =
-              make_float2(acc[m][n][2] * rinv[m][1] * ci.x, acc[m][n][3] * rinv[m][1] * ci.y);
-        }
+      __syncwarp();
+      if constexpr (LANES == 1) {
+        if (lane < rows) quantize_row_thread<D, KMAX>(p, row_of(lane), row0 + lane, k_top);
+      } else {  // lanes r and r + 16 share row r (all lanes take part: the pairs exchange by shuffles)
+        const int r = lane % ROWS;
+        quantize_row_thread<D, KMAX, LANES>(p, row_of(r), row0 + r, k_top, r < rows);
       }
+      __syncwarp();  // tile consumed
+      if (group_index + stride < group_tiles)
+        load_warp_tile<D, ROWS>(p, tile, (group_index + stride) * 4 * ROWS + warp_offset, lane);
     }
-    __syncwarp();
-    if constexpr (LANES == 1) {
-      if (lane < rows) quantize_row_thread<D, KMAX>(p, tile + lane * XS, row0 + lane, k_top);
-    } else {  // lanes r and r + 16 share row r (all lanes take part: the pairs exchange by shuffles)
-      const int r = lane % ROWS;
-      quantize_row_thread<D, KMAX, LANES>(p, tile + r * XS, row0 + r, k_top, r < rows);
-    }
-    __syncwarp();  // tile consumed
-    if (group_index + stride < group_tiles)
-      load_warp_tile<D, ROWS>(p, tile, (group_index + stride) * 4 * ROWS + warp_offset, lane);
   }
 }
 
