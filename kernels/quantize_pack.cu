@@ -1017,6 +1017,37 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
     col_inverse[threadIdx.x] = exp2_int(-shift);
   }
   __syncthreads();
+  // Power-of-two scales of a lane's two split rows from the sum of |x| (fp32 pipe) over the lane's columns
+  // [4 chunk0, 4 chunk0 + D / PARTS), summed over the pair's PARTS lanes (a butterfly: the same on each):
+  // max |x| 2^r lands in [2^6, 2^14). inverse = 2^-r (2^-(r + c) with uniform columns, then r + c <= 126
+  // so that it stays a normal float: tiny rows scale less), scale = 2^r.
+  struct RowScales {
+    float inverse_upper, inverse_lower, scale_upper, scale_lower;
+  };
+  auto row_scales = [&](int upper, int lower, int chunk0) {
+    float su = 0.f, sl = 0.f;
+#pragma unroll 8
+    for (int c = 0; c < D / PARTS; c += 4) {
+      const float4 u = *reinterpret_cast<const float4*>(chunk_at(upper, chunk0 + c / 4));
+      const float4 v = *reinterpret_cast<const float4*>(chunk_at(lower, chunk0 + c / 4));
+      su += fabsf(u.x) + fabsf(u.y) + fabsf(u.z) + fabsf(u.w);
+      sl += fabsf(v.x) + fabsf(v.y) + fabsf(v.z) + fabsf(v.w);
+    }
+#pragma unroll
+    for (int offset = PAIRS; offset < 32; offset *= 2)
+      su += __shfl_xor_sync(0xffffffffu, su, offset), sl += __shfl_xor_sync(0xffffffffu, sl, offset);
+    int ru = fp16_range_shift(su), rl = fp16_range_shift(sl);
+    RowScales r;
+    if (uniform_columns) {
+      ru = min(ru, 126 - column_shift), rl = min(rl, 126 - column_shift);
+      r.inverse_upper = exp2_int(min(-(ru + column_shift), 127));  // (127: the result overflows anyway)
+      r.inverse_lower = exp2_int(min(-(rl + column_shift), 127));
+    } else {
+      r.inverse_upper = exp2_int(-ru), r.inverse_lower = exp2_int(-rl);
+    }
+    r.scale_upper = exp2_int(ru), r.scale_lower = exp2_int(rl);
+    return r;
+  };
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
   if constexpr (WGMMA) {
     // Core-matrix row (k-step ks, column n, core column kc) = k 16 ks + 8 kc + e (e < 8) of R (natural k order,
@@ -1086,26 +1117,9 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
         {
           const int j = lane % 8, h = lane / 8;
           const int upper = j, lower = j + 8, chunk0 = h * (D / PARTS / 4);
-          float su = 0.f, sl = 0.f;
-#pragma unroll 8
-          for (int c = 0; c < D / PARTS; c += 4) {
-            const float4 u = *reinterpret_cast<const float4*>(chunk_at(upper, chunk0 + c / 4));
-            const float4 v = *reinterpret_cast<const float4*>(chunk_at(lower, chunk0 + c / 4));
-            su += fabsf(u.x) + fabsf(u.y) + fabsf(u.z) + fabsf(u.w);
-            sl += fabsf(v.x) + fabsf(v.y) + fabsf(v.z) + fabsf(v.w);
-          }
-#pragma unroll
-          for (int offset = PAIRS; offset < 32; offset *= 2)
-            su += __shfl_xor_sync(0xffffffffu, su, offset), sl += __shfl_xor_sync(0xffffffffu, sl, offset);
-          int ru = fp16_range_shift(su), rl = fp16_range_shift(sl);
-          if (uniform_columns) {
-            ru = min(ru, 126 - column_shift), rl = min(rl, 126 - column_shift);
-            inverse_upper = exp2_int(min(-(ru + column_shift), 127));
-            inverse_lower = exp2_int(min(-(rl + column_shift), 127));
-          } else {
-            inverse_upper = exp2_int(-ru), inverse_lower = exp2_int(-rl);
-          }
-          const float scale_upper = exp2_int(ru), scale_lower = exp2_int(rl);
+          const RowScales rs = row_scales(upper, lower, chunk0);
+          inverse_upper = rs.inverse_upper, inverse_lower = rs.inverse_lower;
+          const float scale_upper = rs.scale_upper, scale_lower = rs.scale_lower;
           const int g_of_row = 2 * (j % 4) + j / 4;  // rho^-1(j)
           auto split_row = [&](int row, float scale, int group) {
             float v[32];
@@ -1210,26 +1224,9 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
       {
         const int j = lane % 8, m = (lane % PAIRS) / 8, h = lane / PAIRS;
         const int upper = 16 * m + j, lower = upper + 8, chunk0 = h * (D / PARTS / 4);  // rows, first chunk
-        float su = 0.f, sl = 0.f;
-#pragma unroll 8
-        for (int c = 0; c < D / PARTS; c += 4) {
-          const float4 u = *reinterpret_cast<const float4*>(chunk_at(upper, chunk0 + c / 4));
-          const float4 v = *reinterpret_cast<const float4*>(chunk_at(lower, chunk0 + c / 4));
-          su += fabsf(u.x) + fabsf(u.y) + fabsf(u.z) + fabsf(u.w);
-          sl += fabsf(v.x) + fabsf(v.y) + fabsf(v.z) + fabsf(v.w);
-        }
-#pragma unroll
-        for (int offset = PAIRS; offset < 32; offset *= 2)  // (a butterfly: the same sum on every lane)
-          su += __shfl_xor_sync(0xffffffffu, su, offset), sl += __shfl_xor_sync(0xffffffffu, sl, offset);
-        int ru = fp16_range_shift(su), rl = fp16_range_shift(sl);
-        if (uniform_columns) {  // 2^-(r + c) must be a normal float: r + c <= 126 (tiny rows scale less)
-          ru = min(ru, 126 - column_shift), rl = min(rl, 126 - column_shift);
-          inverse_upper = exp2_int(min(-(ru + column_shift), 127));  // (127: the result overflows anyway)
-          inverse_lower = exp2_int(min(-(rl + column_shift), 127));
-        } else {
-          inverse_upper = exp2_int(-ru), inverse_lower = exp2_int(-rl);
-        }
-        const float scale_upper = exp2_int(ru), scale_lower = exp2_int(rl);
+        const RowScales rs = row_scales(upper, lower, chunk0);
+        inverse_upper = rs.inverse_upper, inverse_lower = rs.inverse_lower;
+        const float scale_upper = rs.scale_upper, scale_lower = rs.scale_lower;
         {
 #pragma unroll 8
           for (int c = 0; c < D / PARTS; c += 4) {
