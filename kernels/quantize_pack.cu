@@ -248,10 +248,14 @@ struct PaddedRow {
   __device__ __forceinline__ float at(int c) const { return x[c]; }
 };
 // Unpadded tile rows (the d = 128 split kernel, where the padding does not fit): chunk i stored at chunk i ^ key,
-// key = row % 8, so the same chunk of eight consecutive rows lies in eight distinct bank groups.
+// key = swizzle_key(row), a permutation of row % 8, so the same chunk of eight consecutive rows lies in eight
+// distinct bank groups. (Bits 0 and 1 of row % 8 swapped: the split kernel's scale-back stores 8-byte pairs of
+// chunks 2n, 2n + 1 of rows 0, 4, 1, 5 (or 2, 6, 3, 7) per half-warp, whose keys then differ above bit 0: no
+// conflict; with key = row % 8, rows 0 and 1 hit the same bank group, 4 wavefronts instead of 2 per store.)
+__device__ __forceinline__ int swizzle_key(int row) { return (row & 4) | (row & 1) << 1 | (row >> 1 & 1); }
 struct SwizzledRow {
   const float* x;
-  int key;  // row % 8
+  int key;  // swizzle_key(row)
   __device__ __forceinline__ float4 chunk(int i) const {  // (i / 8 apart: one address per i % 8, offsets for i / 8)
     return *reinterpret_cast<const float4*>(x + 32 * (i / 8) + 4 * ((i % 8) ^ key));
   }
@@ -823,7 +827,7 @@ constexpr int split_row_floats() {
 // Offset (floats) of chunk `chunk` (columns 4 chunk .. 4 chunk + 3) of row `row` in a warp's tile.
 template <int D>
 __device__ __forceinline__ int split_tile_offset(int row, int chunk) {
-  return row * split_row_floats<D>() + 4 * (split_tile_swizzled<D>() ? chunk ^ (row % 8) : chunk);
+  return row * split_row_floats<D>() + 4 * (split_tile_swizzled<D>() ? chunk ^ swizzle_key(row) : chunk);
 }
 
 template <int D>
@@ -951,7 +955,7 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
   float* tile = col_inverse + D + warp * ROWS * XS;  // [ROWS][XS]: x, split x, then x.R
   auto chunk_at = [tile](int row, int chunk) { return tile + split_tile_offset<D>(row, chunk); };
   auto row_of = [tile](int row) {  // one row for the quantiser
-    if constexpr (split_tile_swizzled<D>()) return SwizzledRow{tile + row * XS, row % 8};
+    if constexpr (split_tile_swizzled<D>()) return SwizzledRow{tile + row * XS, swizzle_key(row)};
     else return PaddedRow{tile + row * XS};
   };
   // Group tiles of 4 ROWS rows; warp w % 4 of a warpgroup takes the w-th ROWS rows of each of its group tiles
@@ -1160,6 +1164,8 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
           wgmma_f16_ss(d, a_hi, b_hi);
         }
         wgmma_commit();
+        const int k = (int)(i % C);  // the consumer of this tile: wait for its tiles while the tensor cores run
+        if (i >= C) mbarrier_wait(tile_empty + k, (uint32_t)(i / C - 1) & 1u);
         wgmma_wait_all();
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // no warp overwrites the A operand early
 #pragma unroll
@@ -1167,8 +1173,6 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
         if (next < group_tiles) load_warp_tile<D, ROWS>(p, tile, next * 4 * ROWS + warp_offset, lane);
         const float rinv_upper = __shfl_sync(0xffffffffu, inverse_upper, rho),
                     rinv_lower = __shfl_sync(0xffffffffu, inverse_lower, rho);
-        const int k = (int)(i % C);
-        if (i >= C) mbarrier_wait(tile_empty + k, (uint32_t)(i / C - 1) & 1u);
         float* out = consumer_tiles + (4 * k + w) * ROWS * XS;
         auto out_at = [out](int row, int chunk) { return out + split_tile_offset<D>(row, chunk); };
         if (uniform_columns) {
@@ -1202,7 +1206,7 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
         const long row0 = gi * 4 * ROWS + warp_offset;
         const int rows = (int)min((long)ROWS, p.rows - row0);
         mbarrier_wait(tile_full + k, (uint32_t)(i / C) & 1u);
-        quantize_row_thread<D, KMAX, LANES>(p, SwizzledRow{in + r * XS, r % 8}, row0 + r, k_top, r < rows);
+        quantize_row_thread<D, KMAX, LANES>(p, SwizzledRow{in + r * XS, swizzle_key(r)}, row0 + r, k_top, r < rows);
         mbarrier_arrive(tile_empty + k);
       }
     }
