@@ -732,19 +732,10 @@ template <int D>
 constexpr int merge_slices() {
   return 4 * kThreads / D;  // row slices of the un-rotation: 128 threads = slices x (D / 4) column quads
 }
-template <int D>
-__device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int kv) {
-  constexpr int SLICES = merge_slices<D>(), ROWS = D / SLICES, RU = ROWS < 16 ? ROWS : 16;
-  const int g = p.group, S = p.int2_splits + p.bf16_splits;
-  float* weight = reinterpret_cast<float*>(smem);       // [S, g]
-  float* merged = weight + ((S * g + 3) & ~3);          // [g, D]
-  float* slice_out = merged + g * D;                    // [SLICES, g, D]
-  float* inv = slice_out + SLICES * g * D;              // [g]
-  const size_t pair = (size_t)b * p.num_kv_heads + kv;
-  const float* lse = p.partial_lse2 + pair * S * g;     // [S, g]
+// Split weights in place: weight [S, g] holds the splits' lse2 on entry and exp2(lse2 - max over the
+// splits) on exit; inv[h] = 1 / (sum of head h's weights), 0 if every split is empty. One warp per head.
+__device__ __forceinline__ void split_weights(float* weight, float* inv, int S, int g) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int i = threadIdx.x; i < S * g; i += kThreads) weight[i] = __ldcg(lse + i);
-  __syncthreads();
   for (int h = warp; h < g; h += kDecodeWarps) {
     float mx = -INFINITY;
     for (int s = lane; s < S; s += 32) mx = fmaxf(mx, weight[s * g + h]);
@@ -760,6 +751,61 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
     for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     if (lane == 0) inv[h] = sum > 0.f ? 1.f / sum : 0.f;
   }
+}
+// out [g, D] = merged [g, D] . M, M = R_V^T [D, D] (rot): thread (slice, quad) takes rows [slice * ROWS,
+// +ROWS) of M and columns [4 quad, +4); the slices' sums go through scratch [SLICES, g, D] and are added
+// in a fixed order.
+template <int D>
+__device__ __forceinline__ void unrotate(const float* merged, const float* rot, float* scratch, int g, float* out) {
+  constexpr int SLICES = merge_slices<D>(), ROWS = D / SLICES, RU = ROWS < 16 ? ROWS : 16;
+  auto fma4 = [](float w, const float4& v, float4& a) {
+    a.x = fmaf(w, v.x, a.x), a.y = fmaf(w, v.y, a.y), a.z = fmaf(w, v.z, a.z), a.w = fmaf(w, v.w, a.w);
+  };
+  const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
+  const float4* rot4 = reinterpret_cast<const float4*>(rot) + (size_t)slice * ROWS * (D / 4) + quad;
+  float4 acc[kGroup];
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int r0 = 0; r0 < ROWS; r0 += RU) {
+    float4 r[RU];
+#pragma unroll
+    for (int u = 0; u < RU; ++u) r[u] = __ldg(rot4 + (size_t)(r0 + u) * (D / 4));
+#pragma unroll
+    for (int u = 0; u < RU; u += 4) {
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) {
+        if (h < g) {
+          const float4 m = *reinterpret_cast<const float4*>(merged + h * D + slice * ROWS + r0 + u);
+          fma4(m.x, r[u], acc[h]), fma4(m.y, r[u + 1], acc[h]);
+          fma4(m.z, r[u + 2], acc[h]), fma4(m.w, r[u + 3], acc[h]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h)
+    if (h < g) reinterpret_cast<float4*>(scratch + (slice * g + h) * D)[quad] = acc[h];
+  __syncthreads();
+  for (int i = threadIdx.x; i < g * D; i += kThreads) {
+    float v = 0.f;
+#pragma unroll
+    for (int sl = 0; sl < SLICES; ++sl) v += scratch[sl * g * D + i];
+    out[i] = v;
+  }
+}
+template <int D>
+__device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int kv) {
+  constexpr int SLICES = merge_slices<D>();
+  const int g = p.group, S = p.int2_splits + p.bf16_splits;
+  float* weight = reinterpret_cast<float*>(smem);       // [S, g]
+  float* merged = weight + ((S * g + 3) & ~3);          // [g, D]
+  float* slice_out = merged + g * D;                    // [SLICES, g, D]
+  float* inv = slice_out + SLICES * g * D;              // [g]
+  const size_t pair = (size_t)b * p.num_kv_heads + kv;
+  const float* lse = p.partial_lse2 + pair * S * g;     // [S, g]
+  for (int i = threadIdx.x; i < S * g; i += kThreads) weight[i] = __ldcg(lse + i);
+  __syncthreads();
+  split_weights(weight, inv, S, g);
   __syncthreads();
   // Weighted sum: a thread owns float4 items i and i + kThreads of [g, D / 4]; U splits at a time,
   // 2U independent 16-byte loads in flight.
@@ -798,39 +844,79 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
     for (int i = threadIdx.x; i < g * D; i += kThreads) out[i] = merged[i];
     return;
   }
-  // Thread (slice, quad): rows [slice * ROWS, +ROWS) of M = R_V^T [D, D], columns [4 quad, +4).
-  const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
-  const float4* rot4 = reinterpret_cast<const float4*>(p.value_rotation_t + kv * p.rotation_kv_head_stride) +
-                       (size_t)slice * ROWS * (D / 4) + quad;
-  float4 acc[kGroup];
+  unrotate<D>(merged, p.value_rotation_t + kv * p.rotation_kv_head_stride, slice_out, g, out);
+}
+
+// Split-table kernels (two-wave grids, whose last merges end the launch): the same merge in fewer round
+// trips. R_V^T is sent to L2 first (the launch-start prefetch is evicted by then), and the partials of up to
+// C splits come into shared memory by cp.async in one round trip while the split weights are formed; the
+// same sums in the same order. Only there: in the main kernel this version cost the 8K shapes 1-1.6 %
+// (H200, batch 64 / 8K 127.0 -> 128.4 us: its BF16 loop picked up spills).
+template <int D>
+__device__ void merge_pair_staged(const PagedDecodeParams& p, uint8_t* smem, int b, int kv) {
+  constexpr int MAX_ITEMS = kGroup * D / 4 / kThreads;  // float4 items of [g, D] per thread
+  const int g = p.group, S = p.int2_splits + p.bf16_splits, gd = g * D;
+  float* weight = reinterpret_cast<float*>(smem);       // [S, g]
+  float* merged = weight + ((S * g + 3) & ~3);          // [g, D]
+  float* inv = merged + gd;                             // [g] (8 floats)
+  float* buf = inv + 8;                                 // [C, g, D] partials of C splits, then [SLICES, g, D]
+  const int C = min(S, (smem_bytes<D>() / 4 - (int)(buf - weight)) / gd);
+  const size_t pair = (size_t)b * p.num_kv_heads + kv;
+  const float* lse = p.partial_lse2 + pair * S * g;     // [S, g]
+  const float* po = p.partial_out + pair * S * gd;      // [S, g, D]
+  const float* rot = p.value_rotation_t ? p.value_rotation_t + kv * p.rotation_kv_head_stride : nullptr;
+  if (rot)
+    for (int off = threadIdx.x * 32; off < D * D; off += kThreads * 32)
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rot + off));
+  const uint32_t buf_smem = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
+  auto load_splits = [&](int s0) {  // partials of splits [s0, s0 + C) into buf (read through L2)
+    const int n = min(C, S - s0) * gd / 4;
+    for (int i = threadIdx.x; i < n; i += kThreads) cp_async16_if(buf_smem + 16 * i, po + (size_t)s0 * gd + 4 * i, true);
+    cp_async_commit();
+  };
+  load_splits(0);
+  for (int i = threadIdx.x; i < S * g; i += kThreads) weight[i] = __ldcg(lse + i);
+  __syncthreads();
+  split_weights(weight, inv, S, g);
+  // Weighted sum: a thread owns float4 items threadIdx.x + kThreads i of [g, D / 4], summed over the
+  // splits in order.
+  auto fma4 = [](float w, const float4& v, float4& a) {
+    a.x = fmaf(w, v.x, a.x), a.y = fmaf(w, v.y, a.y), a.z = fmaf(w, v.z, a.z), a.w = fmaf(w, v.w, a.w);
+  };
+  const int n4 = gd / 4;
+  float4 sum4[MAX_ITEMS];
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int r0 = 0; r0 < ROWS; r0 += RU) {
-    float4 r[RU];
+  for (int j = 0; j < MAX_ITEMS; ++j) sum4[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = 0; s0 < S; s0 += C) {
+    cp_async_wait<0>();
+    __syncthreads();  // (the first time also: the split weights)
+    const float4* part = reinterpret_cast<const float4*>(buf);
+    for (int s = s0; s < min(S, s0 + C); ++s)
 #pragma unroll
-    for (int u = 0; u < RU; ++u) r[u] = __ldg(rot4 + (size_t)(r0 + u) * (D / 4));
-#pragma unroll
-    for (int u = 0; u < RU; u += 4) {
-#pragma unroll
-      for (int h = 0; h < kGroup; ++h) {
-        if (h < g) {
-          const float4 m = *reinterpret_cast<const float4*>(merged + h * D + slice * ROWS + r0 + u);
-          fma4(m.x, r[u], acc[h]), fma4(m.y, r[u + 1], acc[h]);
-          fma4(m.z, r[u + 2], acc[h]), fma4(m.w, r[u + 3], acc[h]);
-        }
+      for (int j = 0; j < MAX_ITEMS; ++j) {
+        const int i = threadIdx.x + j * kThreads;
+        if (i < n4) fma4(weight[s * g + 4 * i / D], part[(s - s0) * n4 + i], sum4[j]);
       }
+    if (s0 + C < S) {
+      __syncthreads();
+      load_splits(s0 + C);
     }
   }
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h)
-    if (h < g) reinterpret_cast<float4*>(slice_out + (slice * g + h) * D)[quad] = acc[h];
-  __syncthreads();
-  for (int i = threadIdx.x; i < g * D; i += kThreads) {
-    float v = 0.f;
-#pragma unroll
-    for (int sl = 0; sl < SLICES; ++sl) v += slice_out[sl * g * D + i];
-    out[i] = v;
+  for (int j = 0; j < MAX_ITEMS; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (i < n4) {
+      const float f = inv[4 * i / D];
+      reinterpret_cast<float4*>(merged)[i] = make_float4(sum4[j].x * f, sum4[j].y * f, sum4[j].z * f, sum4[j].w * f);
+    }
   }
+  __syncthreads();
+  float* out = p.out + pair * g * D;  // heads (b * Hkv + kv) * g + h
+  if (!p.value_rotation_t) {
+    for (int i = threadIdx.x; i < g * D; i += kThreads) out[i] = merged[i];
+    return;
+  }
+  unrotate<D>(merged, rot, buf, g, out);
 }
 
 // ---------------------------------------------------------------- parallel merge
@@ -1094,7 +1180,10 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  merge_pair<D>(p, smem, b, kv);
+  if constexpr (TABLE)
+    merge_pair_staged<D>(p, smem, b, kv);
+  else
+    merge_pair<D>(p, smem, b, kv);
   if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
 }
 
@@ -1153,7 +1242,7 @@ void require(bool ok, const std::string& message) {
 
 bool fused_merge_fits(int splits_total, int group, int head_dim) {
   const int slices = 4 * kThreads / head_dim;
-  const long need = ((((long)splits_total * group + 3) & ~3L) + (1L + slices) * group * head_dim + group) * 4;
+  const long need = ((((long)splits_total * group + 3) & ~3L) + (1L + slices) * group * head_dim + 8) * 4;
   const long have = head_dim == 64 ? smem_bytes<64>() : head_dim == 128 ? smem_bytes<128>() : smem_bytes<256>();
   return need <= have;
 }

@@ -185,6 +185,17 @@ TEST(PagedDecode, SplitTableOfUnequalSplits) {
         c.parallel_merge = parallel;
         run_case(c);
       }
+  // g = 8 and 40 splits of 1-3 quanta: more partials than the last CTA's shared memory holds at once, so
+  // the split-table merge loads them in several rounds (5 to 12 splits per round for d = 256 to 64).
+  std::vector<int> many{0};
+  for (int s = 0; s < 40; ++s) many.push_back(many.back() + kernels::kInt2SplitQuantum * (1 + s % 3));
+  for (int d : {64, 128, 256}) {
+    DecodeCase c{d, 8, 2, {many.back(), many.back() - 200}, {320, 7}, 64, 64, 4, true,
+                 "split table, 40 splits, g=8, d=" + std::to_string(d)};
+    c.split_starts = many;
+    c.parallel_merge = false;
+    run_case(c);
+  }
 }
 
 TEST(PagedDecode, UnfusedMergeForManySplits) {
