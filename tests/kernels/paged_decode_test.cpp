@@ -186,7 +186,7 @@ TEST(PagedDecode, SplitTableOfUnequalSplits) {
         run_case(c);
       }
   // g = 8 and 40 splits of 1-3 quanta: more partials than the last CTA's shared memory holds at once, so
-  // the split-table merge loads them in several rounds (5 to 12 splits per round for d = 256 to 64).
+  // the split-table merge loads them in several rounds (6, 9 and 12 splits per round at d = 256, 128, 64).
   std::vector<int> many{0};
   for (int s = 0; s < 40; ++s) many.push_back(many.back() + kernels::kInt2SplitQuantum * (1 + s % 3));
   for (int d : {64, 128, 256}) {
