@@ -1122,8 +1122,9 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     t_begin = s * p.bf16_chunk;
     t_end = min(len, t_begin + p.bf16_chunk);
   }
-  if (!PARALLEL && p.merge_counters && p.value_rotation_t && split == 0) {
-    // The merge reads R_V^T at the very end; fetch it into L2 now, off the critical path.
+  if (!PARALLEL && !TABLE && p.merge_counters && p.value_rotation_t && split == 0) {
+    // The merge reads R_V^T at the very end; fetch it into L2 now, off the critical path. (The split-table
+    // kernels' two waves evict it before their merge, which fetches it itself: merge_pair_staged.)
     const char* rot = reinterpret_cast<const char*>(p.value_rotation_t + kv * p.rotation_kv_head_stride);
     for (int off = threadIdx.x * 128; off < D * D * 4; off += kThreads * 128)
       asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rot + off));
