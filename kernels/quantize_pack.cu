@@ -1,6 +1,6 @@
 // Rotate-clip-quantise-pack kernels (see quantize_pack.h). With the clip threshold among the 16
-// largest magnitudes (clip ratio >= 1 - 16/d): one thread per row (below), x.R (if any) on tensor
-// cores first (fp16 split with power-of-two scaling for d <= 128, 3xTF32 for d = 256). Otherwise: CTA
+// largest magnitudes (clip ratio >= 1 - 16/d): one thread (d = 256: two lanes) per row (below), x.R (if any) on
+// tensor cores first (fp16 split with power-of-two scaling; R streamed from L2 at d = 256). Otherwise: CTA
 // = 8 warps, 32 rows. With a rotation the CTA first computes its [32, d] tile of x.R through shared
 // memory (fp32 FMA); then each warp quantises 4 rows: a lane holds channels lane + 32k. The clip
 // threshold is found exactly by removing extremes one at a time; every division and addition uses the
@@ -204,11 +204,22 @@ __global__ void __launch_bounds__(kThreads) quantize_pack_kernel(const __grid_co
 // <= KMAX) by a sorted insertion network of KMAX registers, (2) codes, packed into registers and
 // stored as 16-byte words. Bit-identical to the CPU quantiser; far fewer instructions per row than a
 // warp-wide threshold search.
+// d = 256: two lanes per row (quantize_row_thread's LANES = 2), 32 rows per CTA: a 33 KB tile, 6 CTAs and 12 warps
+// per SM instead of 3 and 6, each lane with half the work of a row (H200, 1M rows: 588 -> 353 us, 43 -> 71.5 % of
+// the read peak; the bitonic top-16 merge alone: 588 -> 520).
 constexpr int kRowThreads = 64;
 
 template <int D>
+constexpr int row_lanes() {
+  return D == 256 ? 2 : 1;
+}
+template <int D>
+constexpr int row_tile_rows() {
+  return kRowThreads / row_lanes<D>();
+}
+template <int D>
 constexpr int row_tile_bytes() {
-  return kRowThreads * (D + 4) * (int)sizeof(float);
+  return row_tile_rows<D>() * (D + 4) * (int)sizeof(float);
 }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -475,6 +486,19 @@ __device__ __forceinline__ void sort_descending(float (&v)[N]) {
     ce(2, 4), ce(3, 5), ce(1, 4), ce(3, 6), ce(1, 2), ce(3, 4), ce(5, 6);
   }
 }
+// Sorts a bitonic v (descending then ascending, or the reverse) descending: half-cleaners at distances N/2, .., 1
+// (N = 16: 32 comparators).
+template <int N>
+__device__ __forceinline__ void bitonic_merge_descending(float (&v)[N]) {
+#pragma unroll
+  for (int s = N / 2; s > 0; s /= 2)
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      if (!(i & s)) {
+        const float hi = fmaxf(v[i], v[i + s]), lo = fminf(v[i], v[i + s]);
+        v[i] = hi, v[i + s] = lo;
+      }
+}
 
 // LANES = 1: the thread quantises its row alone. LANES = 2: lanes l and l ^ 16 share the row, each
 // taking the half [h D/2, (h + 1) D/2) of its columns (h = 1 for the upper lane) in the passes over
@@ -526,6 +550,16 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
 #pragma unroll
         for (int i = 0; i < KMAX; ++i) best[i] = fmaxf(best[i], v[KMAX - 1 - i]);
         sort_descending<KMAX>(best);
+      } else if constexpr (KMAX == 16) {
+        // max(best[i], v[15 - i]) (v[j] = -1 for j >= 8: best[0..7] unchanged) is the top 16, non-increasing and
+        // then non-decreasing (best minus the reversed v is non-increasing): a bitonic merge sorts it. 2 (19 + 8 +
+        // 32) min / max instead of 256.
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = absolute ? fabsf(v[i]) : v[i];
+        sort_descending<8>(v);
+#pragma unroll
+        for (int i = 8; i < 16; ++i) best[i] = fmaxf(best[i], v[15 - i]);
+        bitonic_merge_descending<16>(best);
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) insert(absolute ? fabsf(v[i]) : v[i]);
@@ -538,12 +572,18 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
         float other[KMAX];
 #pragma unroll
         for (int i = 0; i < KMAX; ++i) other[i] = partner(best[i]);
+        if constexpr (KMAX == 16) {  // two sorted lists: the top 16 of both is bitonic (as in insert8)
 #pragma unroll
-        for (int i = 0; i < KMAX; i += 8) {
-          float v[8];
+          for (int i = 0; i < KMAX; ++i) best[i] = fmaxf(best[i], other[KMAX - 1 - i]);
+          bitonic_merge_descending<KMAX>(best);
+        } else {
 #pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = i + e < KMAX ? other[i + e] : -1.f;
-          insert8(make_float4(v[0], v[1], v[2], v[3]), make_float4(v[4], v[5], v[6], v[7]), false);
+          for (int i = 0; i < KMAX; i += 8) {
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = i + e < KMAX ? other[i + e] : -1.f;
+            insert8(make_float4(v[0], v[1], v[2], v[3]), make_float4(v[4], v[5], v[6], v[7]), false);
+          }
         }
       }
     };
@@ -661,119 +701,29 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
 
 template <int D, int KMAX>
 __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const __grid_constant__ QuantizePackParams p, int k_top) {
-  constexpr int XS = D + 4;
-  extern __shared__ __align__(16) float tile[];  // [64][D + 4]
-  const long row0 = (long)blockIdx.x * kRowThreads;
-  const int rows = (int)min((long)kRowThreads, p.rows - row0);
+  constexpr int XS = D + 4, LANES = row_lanes<D>(), ROWS = row_tile_rows<D>();
+  extern __shared__ __align__(16) float tile[];  // [ROWS][D + 4]
+  const long row0 = (long)blockIdx.x * ROWS;
+  const int rows = (int)min((long)ROWS, p.rows - row0);
   for (int i = threadIdx.x; i < rows * (D / 4); i += kRowThreads) {
     const int r = i / (D / 4), c = i % (D / 4);
     cp_async16(tile + r * XS + 4 * c, p.input + (row0 + r) * D + 4 * c);
   }
+  if constexpr (LANES == 2)  // rows past the end of a warp that has some: zeros, quantised but not stored
+    for (int i = rows * (D / 4) + threadIdx.x; i < ROWS * (D / 4); i += kRowThreads) {
+      const int r = i / (D / 4), c = i % (D / 4);
+      *reinterpret_cast<float4*>(tile + r * XS + 4 * c) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
-  if ((int)threadIdx.x >= rows) return;
-  quantize_row_thread<D, KMAX>(p, PaddedRow{tile + threadIdx.x * XS}, row0 + threadIdx.x, k_top);
-}
-
-// ---------------------------------------------------------------- rotated path on tensor cores
-// CTA = D/32 warps, 64 rows. The [64, d] input tile goes to shared memory (cp.async); x.R is computed
-// with mma.sync m16n8k8 TF32 in the 3xTF32 form (a = a_hi + a_lo, both TF32, see split_tf32:
-// a_hi b_hi + a_hi b_lo + a_lo b_hi, fp32 accumulation; products within ~2^-20 relative, the
-// a_lo b_lo term is below that), R streamed through shared memory in chunks of 32 k-rows. Warp w owns output
-// columns [32 w, 32 w + 32) of all 64 rows: 4 m-tiles x 4 n-tiles, 64 fp32 accumulators per lane.
-// The result overwrites the tile and threads 0..63 quantise one row each (quantize_row_thread).
-constexpr int kRotKChunk = 32;
-
-template <int D>
-constexpr int rot_smem_bytes() {
-  return (kRowThreads * (D + 4) + kRotKChunk * (D + 8)) * (int)sizeof(float);
-}
-
-// x = hi + lo: hi = x truncated to TF32 (exact), lo = x - hi (exact in fp32, |lo| < 2^-10 |x|); the
-// mma reads lo's top 19 bits (the low 13 are ignored), so hi + lo(TF32) is within 2^-20 |x| of x.
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = __float_as_uint(x) & 0xffffe000u;
-  lo = __float_as_uint(__fsub_rn(x, __uint_as_float(hi)));
-}
-
-template <int D, int KMAX>
-__global__ void __launch_bounds__(D) quantize_rows_rotated_kernel(const __grid_constant__ QuantizePackParams p, int k_top) {
-  constexpr int XS = D + 4, RS = D + 8, THREADS = D;
-  extern __shared__ __align__(16) float smem[];
-  float* tile = smem;                        // [64][D + 4]: x, then x.R
-  float* rs = smem + kRowThreads * XS;       // [32][D + 8]: rows k0..k0+31 of R
-  const long row0 = (long)blockIdx.x * kRowThreads;
-  const int rows = (int)min((long)kRowThreads, p.rows - row0);
-  for (int i = threadIdx.x; i < kRowThreads * (D / 4); i += THREADS) {
-    const int r = i / (D / 4), c = i % (D / 4);
-    if (r < rows) cp_async16(tile + r * XS + 4 * c, p.input + (row0 + r) * D + 4 * c);
-    else *reinterpret_cast<float4*>(tile + r * XS + 4 * c) = make_float4(0.f, 0.f, 0.f, 0.f);
+  if constexpr (LANES == 1) {
+    if ((int)threadIdx.x >= rows) return;
+    quantize_row_thread<D, KMAX>(p, PaddedRow{tile + threadIdx.x * XS}, row0 + threadIdx.x, k_top);
+  } else {  // lanes r and r + 16 of a warp share row r of its 16 (every lane of the warp takes part)
+    const int first = (int)(threadIdx.x / 32) * 16, r = first + (int)threadIdx.x % 16;
+    if (first >= rows) return;
+    quantize_row_thread<D, KMAX, 2>(p, PaddedRow{tile + r * XS}, row0 + r, k_top, r < rows);
   }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int n_base = warp * 32;
-  float acc[4][4][4];  // [m-tile][n-tile][fragment]
-#pragma unroll
-  for (int m = 0; m < 4; ++m)
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
-  for (int k0 = 0; k0 < D; k0 += kRotKChunk) {
-    __syncthreads();  // previous chunk consumed
-    for (int i = threadIdx.x; i < kRotKChunk * (D / 4); i += THREADS) {
-      const int r = i / (D / 4), c = i % (D / 4);
-      cp_async16(rs + r * RS + 4 * c, p.rotation + (size_t)(k0 + r) * D + 4 * c);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kRotKChunk; kk += 8) {
-      uint32_t a_hi[4][4], a_lo[4][4];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const float* a = tile + (16 * m + g) * XS + k0 + kk + t;
-        split_tf32(a[0], a_hi[m][0], a_lo[m][0]);           // (g, t)
-        split_tf32(a[8 * XS], a_hi[m][1], a_lo[m][1]);      // (g + 8, t)
-        split_tf32(a[4], a_hi[m][2], a_lo[m][2]);           // (g, t + 4)
-        split_tf32(a[8 * XS + 4], a_hi[m][3], a_lo[m][3]);  // (g + 8, t + 4)
-      }
-      uint32_t b_hi[4][2], b_lo[4][2];
-#pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        const float* b = rs + (kk + t) * RS + n_base + 8 * n + g;
-        split_tf32(b[0], b_hi[n][0], b_lo[n][0]);       // (k = t, n = g)
-        split_tf32(b[4 * RS], b_hi[n][1], b_lo[n][1]);  // (k = t + 4, n = g)
-      }
-      // Three passes over the 16 tiles: consecutive mma are independent (no accumulator chains).
-#pragma unroll
-      for (int n = 0; n < 4; ++n)
-#pragma unroll
-        for (int m = 0; m < 4; ++m) mma_tf32_1688(acc[m][n], a_lo[m], b_hi[n][0], b_hi[n][1]);
-#pragma unroll
-      for (int n = 0; n < 4; ++n)
-#pragma unroll
-        for (int m = 0; m < 4; ++m) mma_tf32_1688(acc[m][n], a_hi[m], b_lo[n][0], b_lo[n][1]);
-#pragma unroll
-      for (int n = 0; n < 4; ++n)
-#pragma unroll
-        for (int m = 0; m < 4; ++m) mma_tf32_1688(acc[m][n], a_hi[m], b_hi[n][0], b_hi[n][1]);
-    }
-  }
-  __syncthreads();  // all warps done reading x
-#pragma unroll
-  for (int m = 0; m < 4; ++m)
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      float* c = tile + (16 * m + g) * XS + n_base + 8 * n + 2 * t;
-      *reinterpret_cast<float2*>(c) = make_float2(acc[m][n][0], acc[m][n][1]);
-      *reinterpret_cast<float2*>(c + 8 * XS) = make_float2(acc[m][n][2], acc[m][n][3]);
-    }
-  __syncthreads();
-  if ((int)threadIdx.x >= rows) return;
-  // The plain quantiser: here only 64 of the D threads quantise, so the latency of the per-row
-  // threshold search would not be hidden (measured: 3832 instead of 3388 us at d = 256).
-  quantize_row_thread_plain<D, KMAX>(p, PaddedRow{tile + threadIdx.x * XS}, row0 + threadIdx.x, k_top);
 }
 
 // ---------------------------------------------------------------- rotated path: fp16 split, warp pipelines
@@ -1332,6 +1282,205 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
   }
 }
 
+// ---------------------------------------------------------------- rotated path, d = 256: fp16 split on mma.sync
+// R_hi and R_lo in fp16 (256 KB) do not fit in shared memory, so R is streamed. Persistent CTAs of 8 warps, two per
+// SM, over 64-row tiles. Once per CTA: the column shifts 2^c_n of R (as the split kernel: max |R[:, n]| 2^c_n in
+// [2^13, 2^14), one shift for all columns when they lie within 7). Per tile: cp.async of x; each row pair split in
+// place into the fp16 A fragments of mma.sync m16n8k16 (row scale 2^r_i from the sum of |x_i|, as the split
+// kernel; lane (g, t) holds k 4t .. 4t + 3 of a k-step, fragment row g = tile row rho(g)); R streamed in 16-row
+// k-chunks (cp.async, two buffers, one CTA barrier per chunk), each warp splitting the B fragments of its 32
+// columns (hi, lo, same k order) as it reads them; x.R = hi.hi + hi.lo + lo.hi with fp32 accumulation (the d <= 128
+// kernels' accuracy argument), scaled back by 2^-r_i 2^-c_n into the tile; then two lanes per row quantise
+// (warps 0-3). H200, 1M rows: 3364 us with the former kernel (3xTF32 mma.sync, R in fp32 chunks, the plain
+// quantiser on 64 threads), 2287 with two lanes per row there, 1937 with this one. 3 fp16 products of [1M, 256] x
+// [256, 256] are ~400 GFLOP: at the H200's dense fp16 rate (~990 TFLOP/s with wgmma, less with mma.sync) that
+// alone takes >= ~410 us. (Not kept: a ring of three R chunks, x and R in unpadded swizzled rows so that two CTAs
+// still fit: 2183 us, 20 bytes of spills; the next tile's first R chunk issued before the quantiser: 1974.)
+constexpr int kRotF16KRows = 16;   // k rows of R per streamed chunk (one k-step)
+constexpr int kRotF16Threads = 256;
+
+template <int D>
+constexpr int rot_f16_smem_bytes() {
+  return (kRowThreads * (D + 4) + 2 * kRotF16KRows * (D + 4) + 2 * D + kRowThreads) * (int)sizeof(float);
+}
+
+template <int D, int KMAX>
+__global__ void __launch_bounds__(kRotF16Threads, 2)
+    quantize_rows_rotated_f16_kernel(const __grid_constant__ QuantizePackParams p, int k_top) {
+  static_assert(D == 256, "8 warps of 32 output columns");
+  constexpr int THREADS = kRotF16Threads, ROWS = kRowThreads, XS = D + 4, RS = D + 4, KC = kRotF16KRows;
+  constexpr int CHUNKS = D / KC, MTILES = ROWS / 16, NT = 4;  // n-tiles per warp
+  extern __shared__ __align__(16) float smem[];
+  float* tile = smem;                          // [64][D + 4]: x, split x, then x.R
+  float* rchunk = tile + ROWS * XS;            // [2][16][D + 4]: k rows of R
+  float* col_scale = rchunk + 2 * KC * RS;     // [D] 2^c_n
+  float* col_inverse = col_scale + D;          // [D] 2^-c_n
+  float* row_inverse = col_inverse + D;        // [64] 2^-r_i (2^-(r_i + c) with uniform columns)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int rho = g / 2 + 4 * (g % 2);  // tile row of fragment row g (conflict-free 16-byte A loads)
+  const int n_base = 32 * warp;
+  const long tiles = (p.rows + ROWS - 1) / ROWS;
+  // Copies: thread i takes 16 bytes q = i % 64 of rows i / 64 + 4 j (j < 4 for an R chunk, < 16 for the x tile).
+  static_assert(THREADS == 4 * (D / 4) && KC == 16 && ROWS == 64, "four rows per pass of the CTA");
+  const int copy_row = threadIdx.x / (D / 4), copy_q = threadIdx.x % (D / 4);
+  const float* r_src = p.rotation + copy_row * D + 4 * copy_q;
+  float* const r_dst = rchunk + copy_row * RS + 4 * copy_q;
+  auto load_r_chunk = [&](int c) {
+    const float* src = r_src + c * KC * D;
+    float* dst = r_dst + (c % 2) * KC * RS;
+#pragma unroll
+    for (int j = 0; j < KC / 4; ++j) cp_async16(dst + 4 * j * RS, src + 4 * j * D);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+  // Column shifts (thread n: column n).
+  __shared__ int shift_min, shift_max;
+  if (threadIdx.x == 0) shift_min = 1000, shift_max = -1000;
+  __syncthreads();
+  int shift;
+  {
+    const int n = threadIdx.x;
+    float m = 0.f;
+#pragma unroll 8
+    for (int k = 0; k < D; ++k) m = fmaxf(m, fabsf(__ldg(p.rotation + (size_t)k * D + n)));
+    shift = fp16_range_shift(m);
+    atomicMin(&shift_min, shift);
+    atomicMax(&shift_max, shift);
+  }
+  __syncthreads();
+  const bool uniform_columns = shift_max - shift_min <= 7;
+  const int column_shift = shift_min;
+  if (uniform_columns) shift = column_shift;
+  col_scale[threadIdx.x] = exp2_int(shift);
+  col_inverse[threadIdx.x] = exp2_int(-shift);
+  __syncthreads();
+  float b_scale[NT];  // 2^c of this lane's B columns n_base + 8 n + g
+#pragma unroll
+  for (int n = 0; n < NT; ++n) b_scale[n] = col_scale[n_base + 8 * n + g];
+  // The split: lane l of warp w takes the row pair (16 m + j, 16 m + j + 8), pair = 4 w + l % 4 = 8 m + j, and
+  // chunks [8 h, 8 h + 8) (h = l / 4) in the order 8 h + (c + 4 (h % 2)) % 8: the 16-byte accesses of a
+  // quarter-warp hit 8 distinct bank groups (rows 65 chunks apart).
+  const int pair = 4 * warp + lane % 4, part = lane / 4;
+  const int upper = 16 * (pair / 8) + pair % 8, lower = upper + 8;
+  auto part_chunk = [part](int c) { return 8 * part + (c + 4 * (part % 2)) % 8; };
+  for (long ti = blockIdx.x; ti < tiles; ti += gridDim.x) {
+    const long row0 = ti * ROWS;
+    const int rows = (int)min((long)ROWS, p.rows - row0);
+    {
+      const float* src = p.input + (row0 + copy_row) * D + 4 * copy_q;
+      float* dst = tile + copy_row * XS + 4 * copy_q;
+      if (rows == ROWS) {
+#pragma unroll
+        for (int j = 0; j < ROWS / 4; ++j) cp_async16(dst + 4 * j * XS, src + 4 * j * D);
+      } else {
+        for (int j = 0; j < ROWS / 4; ++j) {
+          if (copy_row + 4 * j < rows) cp_async16(dst + 4 * j * XS, src + 4 * j * D);
+          else *reinterpret_cast<float4*>(dst + 4 * j * XS) = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    load_r_chunk(0);
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+    {  // row scales from the sum of |x| over the pair's 8 lanes, then the split in place
+      float su = 0.f, sl = 0.f;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const float4 u = *reinterpret_cast<const float4*>(tile + upper * XS + 4 * part_chunk(c));
+        const float4 v = *reinterpret_cast<const float4*>(tile + lower * XS + 4 * part_chunk(c));
+        su += fabsf(u.x) + fabsf(u.y) + fabsf(u.z) + fabsf(u.w);
+        sl += fabsf(v.x) + fabsf(v.y) + fabsf(v.z) + fabsf(v.w);
+      }
+#pragma unroll
+      for (int offset = 4; offset < 32; offset *= 2)
+        su += __shfl_xor_sync(0xffffffffu, su, offset), sl += __shfl_xor_sync(0xffffffffu, sl, offset);
+      int ru = fp16_range_shift(su), rl = fp16_range_shift(sl);
+      float inverse_upper, inverse_lower;
+      if (uniform_columns) {
+        ru = min(ru, 126 - column_shift), rl = min(rl, 126 - column_shift);
+        inverse_upper = exp2_int(min(-(ru + column_shift), 127));  // (127: the result overflows anyway)
+        inverse_lower = exp2_int(min(-(rl + column_shift), 127));
+      } else {
+        inverse_upper = exp2_int(-ru), inverse_lower = exp2_int(-rl);
+      }
+      const float scale_upper = exp2_int(ru), scale_lower = exp2_int(rl);
+      if (part == 0) row_inverse[upper] = inverse_upper, row_inverse[lower] = inverse_lower;
+      // Each 4 columns of both rows: the 16-byte hi fragment {hi(upper: k, k+1), hi(lower: k, k+1), hi(upper: k+2,
+      // k+3), hi(lower: k+2, k+3)} in place of the upper row's 4 values, the lo fragment in place of the lower's.
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        float* u_at = tile + upper * XS + 4 * part_chunk(c);
+        float* v_at = tile + lower * XS + 4 * part_chunk(c);
+        const float4 u = *reinterpret_cast<const float4*>(u_at);
+        const float4 v = *reinterpret_cast<const float4*>(v_at);
+        uint4 fhi, flo;
+        split_fp16x2(u.x, u.y, scale_upper, fhi.x, flo.x);
+        split_fp16x2(v.x, v.y, scale_lower, fhi.y, flo.y);
+        split_fp16x2(u.z, u.w, scale_upper, fhi.z, flo.z);
+        split_fp16x2(v.z, v.w, scale_lower, fhi.w, flo.w);
+        *reinterpret_cast<uint4*>(u_at) = fhi;
+        *reinterpret_cast<uint4*>(v_at) = flo;
+      }
+    }
+    float acc[MTILES][NT][4];
+#pragma unroll
+    for (int m = 0; m < MTILES; ++m)
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
+#pragma unroll 1
+    for (int c = 0; c < CHUNKS; ++c) {
+      if (c > 0) asm volatile("cp.async.wait_all;\n" ::: "memory");
+      __syncthreads();  // chunk c (and the split x) visible; every warp done with chunk c - 1
+      if (c + 1 < CHUNKS) load_r_chunk(c + 1);
+      uint4 a_hi[MTILES], a_lo[MTILES];
+#pragma unroll
+      for (int m = 0; m < MTILES; ++m) {
+        a_hi[m] = *reinterpret_cast<const uint4*>(tile + (16 * m + rho) * XS + 4 * (4 * c + t));
+        a_lo[m] = *reinterpret_cast<const uint4*>(tile + (16 * m + rho + 8) * XS + 4 * (4 * c + t));
+      }
+      const float* rk = rchunk + (c % 2) * KC * RS + 4 * t * RS + n_base + g;  // k 4t .. 4t + 3 of the chunk
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        uint32_t b_hi0, b_lo0, b_hi1, b_lo1;  // logical k 2t, 2t + 1 = k 4t, 4t + 1; 2t + 8, 2t + 9 = 4t + 2, 4t + 3
+        split_fp16x2(rk[8 * n], rk[8 * n + RS], b_scale[n], b_hi0, b_lo0);
+        split_fp16x2(rk[8 * n + 2 * RS], rk[8 * n + 3 * RS], b_scale[n], b_hi1, b_lo1);
+#pragma unroll
+        for (int m = 0; m < MTILES; ++m) mma_f16_16816(acc[m][n], a_lo[m].x, a_lo[m].y, a_lo[m].z, a_lo[m].w, b_hi0, b_hi1);
+#pragma unroll
+        for (int m = 0; m < MTILES; ++m) mma_f16_16816(acc[m][n], a_hi[m].x, a_hi[m].y, a_hi[m].z, a_hi[m].w, b_lo0, b_lo1);
+#pragma unroll
+        for (int m = 0; m < MTILES; ++m) mma_f16_16816(acc[m][n], a_hi[m].x, a_hi[m].y, a_hi[m].z, a_hi[m].w, b_hi0, b_hi1);
+      }
+    }
+    __syncthreads();  // every warp done reading the split x
+#pragma unroll
+    for (int m = 0; m < MTILES; ++m) {
+      const float ru = row_inverse[16 * m + rho], rl = row_inverse[16 * m + rho + 8];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int col = n_base + 8 * n + 2 * t;
+        float2 cu = make_float2(acc[m][n][0] * ru, acc[m][n][1] * ru);
+        float2 cl = make_float2(acc[m][n][2] * rl, acc[m][n][3] * rl);
+        if (!uniform_columns) {
+          const float2 ci = *reinterpret_cast<const float2*>(col_inverse + col);
+          cu.x *= ci.x, cu.y *= ci.y, cl.x *= ci.x, cl.y *= ci.y;
+        }
+        *reinterpret_cast<float2*>(tile + (16 * m + rho) * XS + col) = cu;
+        *reinterpret_cast<float2*>(tile + (16 * m + rho + 8) * XS + col) = cl;
+      }
+    }
+    __syncthreads();
+    // Two lanes per row: lanes r and r + 16 of warp w < 4 share row 16 w + r (rows past the end: zeros, not stored).
+    if (warp * 16 < rows) {
+      const int r = warp * 16 + lane % 16;
+      quantize_row_thread<D, KMAX, 2>(p, PaddedRow{tile + r * XS}, row0 + r, k_top, r < rows);
+    }
+    __syncthreads();  // tile consumed
+  }
+}
+
 // K = number of magnitudes at or above the clip threshold (0: no clipping).
 int clip_top_count(float clip_ratio, int d) {
   if (clip_ratio >= 1.0f) return 0;
@@ -1342,7 +1491,6 @@ int clip_top_count(float clip_ratio, int d) {
 
 template <int D, int KMAX>
 void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
-  const unsigned blocks = (unsigned)((p.rows + kRowThreads - 1) / kRowThreads);
   if (p.rotation && D <= 128) {
     if constexpr (D <= 128) {
       // Persistent: as many CTAs as fit on the device at once (each converts R once).
@@ -1365,13 +1513,23 @@ void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
     return;
   }
   if (p.rotation) {
-    static const bool configured = [] {
-      cudaFuncSetAttribute(quantize_rows_rotated_kernel<D, KMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           rot_smem_bytes<D>());
-      return true;
-    }();
-    (void)configured;
-    quantize_rows_rotated_kernel<D, KMAX><<<blocks, D, rot_smem_bytes<D>(), stream>>>(p, k_top);
+    if constexpr (D == 256) {
+      static const int per_sm = [] {
+        cudaFuncSetAttribute(quantize_rows_rotated_f16_kernel<D, KMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             rot_f16_smem_bytes<D>());
+        int n = 0;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, quantize_rows_rotated_f16_kernel<D, KMAX>, kRotF16Threads,
+                                                      rot_f16_smem_bytes<D>());
+        return n > 0 ? n : 1;
+      }();
+      int device = 0, sms = 0;
+      cudaGetDevice(&device);
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      const long tiles = (p.rows + kRowThreads - 1) / kRowThreads;
+      const long ctas = std::min<long>(tiles, (long)per_sm * (sms > 0 ? sms : 1));
+      quantize_rows_rotated_f16_kernel<D, KMAX>
+          <<<(unsigned)ctas, kRotF16Threads, rot_f16_smem_bytes<D>(), stream>>>(p, k_top);
+    }
     return;
   }
   static const bool configured = [] {
@@ -1380,6 +1538,7 @@ void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
+  const unsigned blocks = (unsigned)((p.rows + row_tile_rows<D>() - 1) / row_tile_rows<D>());
   quantize_rows_kernel<D, KMAX><<<blocks, kRowThreads, row_tile_bytes<D>(), stream>>>(p, k_top);
 }
 

@@ -114,7 +114,11 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantCase{128, 30011, 0.96f, MetadataType::fp16, true},
                       QuantCase{128, 30011, 0.92f, MetadataType::fp32, false},
                       QuantCase{64, 20011, 0.96f, MetadataType::bf16, false},
-                      QuantCase{128, 20011, 1.0f, MetadataType::fp16, false}));
+                      QuantCase{128, 20011, 1.0f, MetadataType::fp16, false},
+                      // d = 256 (two lanes per row, 32-row tiles) and d = 64 with K = 13 (top-16 by bitonic merges).
+                      QuantCase{256, 20011, 0.96f, MetadataType::fp16, true},
+                      QuantCase{256, 4099, 0.96f, MetadataType::bf16, false},
+                      QuantCase{64, 5003, 0.8f, MetadataType::fp32, false}));
 
 // The CPU reference and the kernel on the same rows and rotation (clip 0.96, fp32 metadata unless given).
 struct RotatedRun {
@@ -255,7 +259,8 @@ TEST(QuantizePack, RotationBySignedPermutationBitIdentical) {
   };
   const Case cases[] = {{64, 70001, 0.96f, MetadataType::fp32, false},  {64, 333, 0.92f, MetadataType::bf16, true},
                         {128, 1, 0.96f, MetadataType::fp16, false},      {128, 40009, 0.96f, MetadataType::fp32, false},
-                        {128, 5003, 0.92f, MetadataType::fp16, true},    {256, 1001, 0.96f, MetadataType::fp32, false}};
+                        {128, 5003, 0.92f, MetadataType::fp16, true},    {256, 1001, 0.96f, MetadataType::fp32, false},
+                        {256, 20011, 0.96f, MetadataType::fp16, true}};
   for (const Case& c : cases) {
     const int d = c.dim;
     std::vector<float> x = test::random_normal(static_cast<size_t>(c.rows) * d, 31 + d + c.rows, 2.0f);
