@@ -626,9 +626,10 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
 #pragma unroll
       for (int off = 0; off < D * 2; off += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vrow + off));
       if constexpr (PREFETCH_KEYS) {
-        // Small grids: tile 1 reads its key rows after tile 0's P.V; have them in L2 too (batch 1 / 1K:
-        // the BF16 CTAs end the launch, ~2.7 us after the INT2 CTAs). At large batches this extra L2
-        // traffic made the BF16-only decode 10 % slower (batch 32 / 32K 1128.5 -> 1237.7 us).
+        // Grids whose BF16 CTAs end the launch (parallel merge, split tables): tile 1 reads its key rows
+        // after tile 0's P.V; have them in L2 too (batch 1 / 1K: the BF16 CTAs end the launch, ~2.7 us after
+        // the INT2 CTAs; batch 8 / 32K 66.3 -> 65.3 us). At large batches this extra L2 traffic made the
+        // BF16-only decode 10 % slower (batch 32 / 32K 1128.5 -> 1237.7 us).
         const char* krow = reinterpret_cast<const char*>(p.bf16_keys + (row0 + lane) * D);
 #pragma unroll
         for (int off = 0; off < D * 2; off += 128)
@@ -847,10 +848,10 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
   unrotate<D>(merged, p.value_rotation_t + kv * p.rotation_kv_head_stride, slice_out, g, out);
 }
 
-// Split-table kernels (two-wave grids, whose last merges end the launch): the same merge in fewer round
-// trips. R_V^T is sent to L2 first (the launch-start prefetch is evicted by then), and the partials of up to
-// C splits come into shared memory by cp.async in one round trip while the split weights are formed; the
-// same sums in the same order. Only there: in the main kernel this version cost the 8K shapes 1-1.6 %
+// Split-table kernels (uniform one- and two-wave grids, whose last merges end the launch): the same merge in
+// fewer round trips. R_V^T is sent to L2 first (the launch-start prefetch is evicted by then), and the
+// partials of up to C splits come into shared memory by cp.async in one round trip while the split weights
+// are formed; the same sums in the same order. Only there: in the main kernel this version cost the 8K shapes 1-1.6 %
 // (H200, batch 64 / 8K 127.0 -> 128.4 us: its BF16 loop picked up spills).
 template <int D>
 __device__ void merge_pair_staged(const PagedDecodeParams& p, uint8_t* smem, int b, int kv) {
@@ -1124,7 +1125,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   }
   if (!PARALLEL && !TABLE && p.merge_counters && p.value_rotation_t && split == 0) {
     // The merge reads R_V^T at the very end; fetch it into L2 now, off the critical path. (The split-table
-    // kernels' two waves evict it before their merge, which fetches it itself: merge_pair_staged.)
+    // kernels' merge fetches it itself, merge_pair_staged: their two waves evict an early copy, and in one-wave
+    // grids this prefetch made batch 64 / 8K 124.4-125.2 -> 127.6-128.0 us.)
     const char* rot = reinterpret_cast<const char*>(p.value_rotation_t + kv * p.rotation_kv_head_stride);
     for (int off = threadIdx.x * 128; off < D * D * 4; off += kThreads * 128)
       asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rot + off));
@@ -1142,7 +1144,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     if (int2)
       int2_cta<D, PAGES == Int2Pages::paired, PARALLEL>(p, sh, smem, b, kv, t_begin, t_end, spec);
     else
-      bf16_warp<D, PARALLEL>(p, sh, b, kv, t_begin, t_end);
+      bf16_warp<D, PARALLEL || TABLE>(p, sh, b, kv, t_begin, t_end);
   }
   __syncthreads();
   // Combine the warps' states; write this split's partial.

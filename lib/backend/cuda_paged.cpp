@@ -204,6 +204,18 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
       largest = std::max(largest, plan.int2_split_start[s] - plan.int2_split_start[s - 1]);
     }
     plan.int2_chunk = largest;
+  } else if (!parallel && cache.min_int2_length == cache.max_int2_length &&
+             plan.int2_splits <= kernels::kDecodeMaxTableSplits && int2_ctas > 0 && int2_ctas <= slots &&
+             plan.int2_chunk >= 2048) {
+    // One wave of INT2 CTAs (uniform lengths): the same equal splits as a table, so that the launch takes
+    // the split-table kernel, whose staged merge is shorter (the merges end these launches: H200, batch
+    // 64 / 8K, 512 merges in the last ~20 us, 4-11 us each) and whose BF16-tier CTAs fetch tile 1's key
+    // rows early. Same call, three rounds: batch 64 / 8K 127.2-127.9 -> 124.4-125.2 us, 8 / 32K 68.4-69.2
+    // -> 65.3-66.4, 32 / 8K 73.2-73.3 -> 72.0-72.2. Not for short CTAs (batch 8 / 8K, 1024-token splits:
+    // 36.0-36.4 -> 36.6-36.8 us) nor ragged lengths (split-major order: ragged batch 8 / 32K 56.3-56.7 ->
+    // 61.4-62.0 us).
+    plan.int2_split_start.assign(plan.int2_splits + 1, 0);
+    for (int s = 1; s <= plan.int2_splits; ++s) plan.int2_split_start[s] = s * plan.int2_chunk;
   }
   return plan;
 }
