@@ -805,6 +805,19 @@ __device__ __forceinline__ void split_fp16x2(float a, float b, float scale, uint
   hi = *reinterpret_cast<const uint32_t*>(&h);
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
+// The 4 values at u_at and the 4 at v_at (two rows, same columns k .. k + 3) replaced in place by their mma.sync
+// fragments: {hi(u_k, u_k+1), hi(v_k, v_k+1), hi(u_k+2, u_k+3), hi(v_k+2, v_k+3)} over u, the lo fragment over v.
+__device__ __forceinline__ void split_row_pair_in_place(float* u_at, float* v_at, float scale_u, float scale_v) {
+  const float4 u = *reinterpret_cast<const float4*>(u_at);
+  const float4 v = *reinterpret_cast<const float4*>(v_at);
+  uint4 fhi, flo;
+  split_fp16x2(u.x, u.y, scale_u, fhi.x, flo.x);
+  split_fp16x2(v.x, v.y, scale_v, fhi.y, flo.y);
+  split_fp16x2(u.z, u.w, scale_u, fhi.z, flo.z);
+  split_fp16x2(v.z, v.w, scale_v, fhi.w, flo.w);
+  *reinterpret_cast<uint4*>(u_at) = fhi;
+  *reinterpret_cast<uint4*>(v_at) = flo;
+}
 
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
 // d = 128 on sm_90a: warpgroups that split x, run the wgmma and scale back (producers), and warpgroups that quantise
@@ -1181,22 +1194,10 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
         const RowScales rs = row_scales(upper, lower, chunk0);
         inverse_upper = rs.inverse_upper, inverse_lower = rs.inverse_lower;
         const float scale_upper = rs.scale_upper, scale_lower = rs.scale_lower;
-        {
 #pragma unroll 8
-          for (int c = 0; c < D / PARTS; c += 4) {
-            float* u_at = chunk_at(upper, chunk0 + c / 4);
-            float* v_at = chunk_at(lower, chunk0 + c / 4);
-            const float4 u = *reinterpret_cast<const float4*>(u_at);
-            const float4 v = *reinterpret_cast<const float4*>(v_at);
-            uint4 fhi, flo;
-            split_fp16x2(u.x, u.y, scale_upper, fhi.x, flo.x);
-            split_fp16x2(v.x, v.y, scale_lower, fhi.y, flo.y);
-            split_fp16x2(u.z, u.w, scale_upper, fhi.z, flo.z);
-            split_fp16x2(v.z, v.w, scale_lower, fhi.w, flo.w);
-            *reinterpret_cast<uint4*>(u_at) = fhi;
-            *reinterpret_cast<uint4*>(v_at) = flo;
-          }
-        }
+        for (int c = 0; c < D / PARTS; c += 4)
+          split_row_pair_in_place(chunk_at(upper, chunk0 + c / 4), chunk_at(lower, chunk0 + c / 4), scale_upper,
+                                  scale_lower);
       }
       __syncwarp();
       float acc[MTILES][NTILES][4];  // [m-tile][n-tile][fragment]
@@ -1405,22 +1406,10 @@ __global__ void __launch_bounds__(kRotF16Threads, 2)
       }
       const float scale_upper = exp2_int(ru), scale_lower = exp2_int(rl);
       if (part == 0) row_inverse[upper] = inverse_upper, row_inverse[lower] = inverse_lower;
-      // Each 4 columns of both rows: the 16-byte hi fragment {hi(upper: k, k+1), hi(lower: k, k+1), hi(upper: k+2,
-      // k+3), hi(lower: k+2, k+3)} in place of the upper row's 4 values, the lo fragment in place of the lower's.
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        float* u_at = tile + upper * XS + 4 * part_chunk(c);
-        float* v_at = tile + lower * XS + 4 * part_chunk(c);
-        const float4 u = *reinterpret_cast<const float4*>(u_at);
-        const float4 v = *reinterpret_cast<const float4*>(v_at);
-        uint4 fhi, flo;
-        split_fp16x2(u.x, u.y, scale_upper, fhi.x, flo.x);
-        split_fp16x2(v.x, v.y, scale_lower, fhi.y, flo.y);
-        split_fp16x2(u.z, u.w, scale_upper, fhi.z, flo.z);
-        split_fp16x2(v.z, v.w, scale_lower, fhi.w, flo.w);
-        *reinterpret_cast<uint4*>(u_at) = fhi;
-        *reinterpret_cast<uint4*>(v_at) = flo;
-      }
+      for (int c = 0; c < 8; ++c)
+        split_row_pair_in_place(tile + upper * XS + 4 * part_chunk(c), tile + lower * XS + 4 * part_chunk(c),
+                                scale_upper, scale_lower);
     }
     float acc[MTILES][NT][4];
 #pragma unroll
