@@ -34,6 +34,7 @@ struct DecodeCase {
   int force_int2_chunk = 0;  // > 0: bypass the planner (e.g. more splits than the fused merge holds)
   bool parallel_merge = true;  // false: the last split CTA merges even where merge CTAs would fit
   std::vector<int> split_starts;  // non-empty: this INT2 split table instead of the planner's splits
+  bool expect_planned_table = false;  // the planner itself must choose a split table
 };
 
 HostPagedCache random_cache(const DecodeCase& c, uint64_t seed) {
@@ -103,6 +104,8 @@ void run_case(const DecodeCase& c) {
     for (size_t s = 1; s < c.split_starts.size(); ++s)
       plan.int2_chunk = std::max(plan.int2_chunk, c.split_starts[s] - c.split_starts[s - 1]);
   }
+  if (c.expect_planned_table)
+    EXPECT_EQ(plan.int2_split_start.size(), static_cast<size_t>(plan.int2_splits) + 1) << c.label << ": no split table";
   plan.parallel_merge = c.parallel_merge;
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, d);
   ::testing::Test::RecordProperty("fused_merge", fused ? "yes" : "no");
@@ -196,6 +199,15 @@ TEST(PagedDecode, SplitTableOfUnequalSplits) {
     c.parallel_merge = false;
     run_case(c);
   }
+}
+
+TEST(PagedDecode, OneWaveUniformBatchTakesEqualSplitTable) {
+  // Uniform lengths whose INT2 CTAs fit in one wave, too many pairs for the parallel merge, splits of >= 2048
+  // tokens: the planner hands the equal splits over as a table (the split-table kernel and its staged merge).
+  DecodeCase c{128, 4, 4, {60000, 60000, 60000, 60000}, {320, 320, 320, 320}, 64, 64, 4, true,
+               "one-wave uniform batch, equal split table"};
+  c.expect_planned_table = true;
+  run_case(c);
 }
 
 TEST(PagedDecode, UnfusedMergeForManySplits) {
