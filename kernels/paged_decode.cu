@@ -733,6 +733,10 @@ template <int D>
 constexpr int merge_slices() {
   return 4 * kThreads / D;  // row slices of the un-rotation: 128 threads = slices x (D / 4) column quads
 }
+// a += w v, per component.
+__device__ __forceinline__ void fma4(float w, const float4& v, float4& a) {
+  a.x = fmaf(w, v.x, a.x), a.y = fmaf(w, v.y, a.y), a.z = fmaf(w, v.z, a.z), a.w = fmaf(w, v.w, a.w);
+}
 // Split weights in place: weight [S, g] holds the splits' lse2 on entry and exp2(lse2 - max over the
 // splits) on exit; inv[h] = 1 / (sum of head h's weights), 0 if every split is empty. One warp per head.
 __device__ __forceinline__ void split_weights(float* weight, float* inv, int S, int g) {
@@ -753,15 +757,16 @@ __device__ __forceinline__ void split_weights(float* weight, float* inv, int S, 
     if (lane == 0) inv[h] = sum > 0.f ? 1.f / sum : 0.f;
   }
 }
-// out [g, D] = merged [g, D] . M, M = R_V^T [D, D] (rot): thread (slice, quad) takes rows [slice * ROWS,
-// +ROWS) of M and columns [4 quad, +4); the slices' sums go through scratch [SLICES, g, D] and are added
-// in a fixed order.
+// out [g, D] = merged [g, D] . M, M = R_V^T [D, D] (rot; null: out = merged): thread (slice, quad) takes rows
+// [slice * ROWS, +ROWS) of M and columns [4 quad, +4); the slices' sums go through scratch [SLICES, g, D] and
+// are added in a fixed order.
 template <int D>
 __device__ __forceinline__ void unrotate(const float* merged, const float* rot, float* scratch, int g, float* out) {
   constexpr int SLICES = merge_slices<D>(), ROWS = D / SLICES, RU = ROWS < 16 ? ROWS : 16;
-  auto fma4 = [](float w, const float4& v, float4& a) {
-    a.x = fmaf(w, v.x, a.x), a.y = fmaf(w, v.y, a.y), a.z = fmaf(w, v.z, a.z), a.w = fmaf(w, v.w, a.w);
-  };
+  if (!rot) {
+    for (int i = threadIdx.x; i < g * D; i += kThreads) out[i] = merged[i];
+    return;
+  }
   const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
   const float4* rot4 = reinterpret_cast<const float4*>(rot) + (size_t)slice * ROWS * (D / 4) + quad;
   float4 acc[kGroup];
@@ -812,9 +817,6 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
   // 2U independent 16-byte loads in flight.
   constexpr int U = 8;
   const int n4 = g * D / 4;
-  auto fma4 = [](float w, const float4& v, float4& a) {
-    a.x = fmaf(w, v.x, a.x), a.y = fmaf(w, v.y, a.y), a.z = fmaf(w, v.z, a.z), a.w = fmaf(w, v.w, a.w);
-  };
   const float4* po4 = reinterpret_cast<const float4*>(p.partial_out + pair * S * g * D);  // [S, g, D / 4]
   for (int i0 = threadIdx.x; i0 < n4; i0 += 2 * kThreads) {
     const int i1 = i0 + kThreads;
@@ -840,12 +842,8 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
     if (two) reinterpret_cast<float4*>(merged)[i1] = make_float4(a1.x * f1, a1.y * f1, a1.z * f1, a1.w * f1);
   }
   __syncthreads();
-  float* out = p.out + pair * g * D;  // heads (b * Hkv + kv) * g + h
-  if (!p.value_rotation_t) {
-    for (int i = threadIdx.x; i < g * D; i += kThreads) out[i] = merged[i];
-    return;
-  }
-  unrotate<D>(merged, p.value_rotation_t + kv * p.rotation_kv_head_stride, slice_out, g, out);
+  const float* rot = p.value_rotation_t ? p.value_rotation_t + kv * p.rotation_kv_head_stride : nullptr;
+  unrotate<D>(merged, rot, slice_out, g, p.out + pair * g * D);  // heads (b * Hkv + kv) * g + h
 }
 
 // Split-table kernels (uniform one- and two-wave grids, whose last merges end the launch): the same merge in
@@ -881,9 +879,6 @@ __device__ void merge_pair_staged(const PagedDecodeParams& p, uint8_t* smem, int
   split_weights(weight, inv, S, g);
   // Weighted sum: a thread owns float4 items threadIdx.x + kThreads i of [g, D / 4], summed over the
   // splits in order.
-  auto fma4 = [](float w, const float4& v, float4& a) {
-    a.x = fmaf(w, v.x, a.x), a.y = fmaf(w, v.y, a.y), a.z = fmaf(w, v.z, a.z), a.w = fmaf(w, v.w, a.w);
-  };
   const int n4 = gd / 4;
   float4 sum4[MAX_ITEMS];
 #pragma unroll
@@ -912,12 +907,7 @@ __device__ void merge_pair_staged(const PagedDecodeParams& p, uint8_t* smem, int
     }
   }
   __syncthreads();
-  float* out = p.out + pair * g * D;  // heads (b * Hkv + kv) * g + h
-  if (!p.value_rotation_t) {
-    for (int i = threadIdx.x; i < g * D; i += kThreads) out[i] = merged[i];
-    return;
-  }
-  unrotate<D>(merged, rot, buf, g, out);
+  unrotate<D>(merged, rot, buf, g, p.out + pair * g * D);  // heads (b * Hkv + kv) * g + h
 }
 
 // ---------------------------------------------------------------- parallel merge
