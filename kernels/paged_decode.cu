@@ -1,9 +1,10 @@
 // Split-K flash-decoding kernels (see paged_decode.h). One CTA = (split, KV head, sequence), 4 warps.
 //
-// INT2 path. Each warp runs its own cp.async pipeline (STAGES deep) that copies whole 16-token tiles
-// (K codes [16, d/4], V codes [16, d/4], metadata [16, 4] floats: contiguous in a page) into its
-// shared-memory ring, two tiles per stage, and computes on them with mma.sync, the g <= 8 query heads
-// of the KV head as the n = 8 columns, so each byte read serves every query head. No dequantisation:
+// INT2 path. Each warp runs its own cp.async pipeline (STAGES deep; the batch-1 kernels load through
+// registers instead, see int2_cta's STAGED) that copies whole 16-token tiles (K codes [16, d/4], V codes
+// [16, d/4], metadata [16, 4] floats: contiguous in a page) into its shared-memory ring, two tiles per
+// stage, and computes on them with mma.sync, the g <= 8 query heads of the KV head as the n = 8 columns,
+// so each byte read serves every query head. No dequantisation:
 // q.k_hat = s (q.c - z sum q) and sum_t w_t v_hat_t = sum_t w_t s_t (c_t - z_t).
 // Q.K on int8 tensor cores (m16n8k32, codes unsigned, query signed, exact int32 sums): one AND per 4
 // codes puts each byte's code of one quarter at bits 4-5 or 6-7, i.e. 16c or 64c as an unsigned int8
@@ -72,6 +73,25 @@ __device__ __forceinline__ void cp_async16_if(uint32_t smem, const void* gmem, b
       "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(smem),
       "l"(gmem), "r"((int)pred)
       : "memory");
+}
+// Streaming (evict-first) loads into registers, skipped when !pred (the registers keep their values), and
+// shared-memory stores of them.
+__device__ __forceinline__ void ldg16_if(uint4& r, const void* gmem, bool pred) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+               : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w)
+               : "l"(gmem), "r"((int)pred));
+}
+__device__ __forceinline__ void ldg8_if(uint2& r, const void* gmem, bool pred) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p ld.global.cs.v2.u32 {%0, %1}, [%2];\n}\n"
+               : "+r"(r.x), "+r"(r.y)
+               : "l"(gmem), "r"((int)pred));
+}
+__device__ __forceinline__ void sts16(uint32_t smem, const uint4& v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ void sts8(uint32_t smem, const uint2& v) {
+  asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(smem), "r"(v.x), "r"(v.y) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -196,11 +216,17 @@ constexpr int smem_bytes() {
 // (splits start at multiples of 128), so a stage reads one page-table entry and tile 1's copies are
 // tile 0's addresses plus a constant.
 // SPEC: the prologue's page-table entries come in spec_pages (read by the caller before the length was known).
-template <int D, bool PAIRED, bool SPEC = false>
+// STAGED (the parallel-merge kernels, i.e. batch 1): instead of the cp.async pipeline, each warp loads its
+// next stage by ld.global into registers while it computes the current one, and stores them into the ring at
+// the top of the next step (same ring layout; metadata as 8 bytes per lane). One stage in flight per warp:
+// faster on these short CTAs (H200, d = 128: batch 1 / 8K 14.2 -> 13.6 us, 100K 32.1 -> 31.5 us), slower
+// on the large grids (all kernels this way: 32 / 100K 590 -> 614 us), where more stages need to fly.
+template <int D, bool PAIRED, bool SPEC = false, bool STAGED = false>
 __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* ring, int b, int kv, int t_begin,
                          int t_end, const int (*spec_pages)[Int2Geom<D>::TILES] = nullptr) {
   using G = Int2Geom<D>;
   constexpr int Q = G::Q, KW = G::KW, NX = G::NX, TILES = G::TILES, STAGES = G::STAGES;
+  constexpr int PRE = STAGED ? 1 : STAGES - 1;  // stages in flight after the prologue
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tq = lane % 4;
   const int g = p.group;
@@ -247,7 +273,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     const int v = c - Q, vt = v / G::QC, vs = (v % G::QC) ^ v_swizzle<G::QC>(vt);
     src_tbl[32 * j] = c < Q ? p.key_codes + c * 16 : p.value_codes + (vt * G::QC + vs) * 16;
   }
-  src_tbl[32 * CPY] = reinterpret_cast<const uint8_t*>(p.int2_metadata) + (lane & 15) * 16;
+  src_tbl[32 * CPY] = reinterpret_cast<const uint8_t*>(p.int2_metadata) + (STAGED ? lane * 8 : (lane & 15) * 16);
   const bool meta_lane = lane < 16;
   const uint32_t page_rows = (uint32_t)p.num_kv_heads * (uint32_t)P, kv_rows = (uint32_t)kv * (uint32_t)P;
   const uint32_t ring_lane = static_cast<uint32_t>(__cvta_generic_to_shared(wring)) + lane * 16;
@@ -276,6 +302,39 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       cp_async16_if(tb + 32 * Q, src[CPY] + meta_off, live && meta_lane);
     }
   };
+  // STAGED: the registers of one stage (code chunks as the copies above, 8 bytes of metadata per lane).
+  uint4 rc[STAGED ? TILES : 1][CPY];
+  uint2 rm[STAGED ? TILES : 1];
+#pragma unroll
+  for (int t = 0; t < (STAGED ? TILES : 1); ++t) {
+    rm[t] = make_uint2(0u, 0u);
+#pragma unroll
+    for (int j = 0; j < CPY; ++j) rc[t][j] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  auto load_regs = [&](int k, const int (&pg)[TILES]) {
+    const uint8_t* src[CPY + 1];
+#pragma unroll
+    for (int j = 0; j <= CPY; ++j) src[j] = src_tbl[32 * j];
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+      const int t0 = PAIRED ? 0 : t;
+      const uint32_t row = (uint32_t)pg[t0] * page_rows + kv_rows + (uint32_t)(tile_start(k, t0) & (P - 1));
+      const size_t code_off = (size_t)row * Q + (t - t0) * 16 * Q, meta_off = (size_t)row * 16 + (t - t0) * 256;
+      const bool live = tile_start(k, t) < t_end;
+#pragma unroll
+      for (int j = 0; j < CPY; ++j) ldg16_if(rc[t][j], src[j] + code_off, live);
+      ldg8_if(rm[t], src[CPY] + meta_off, live);
+    }
+  };
+  auto store_regs = [&](int k) {
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+      const uint32_t tb = wring_smem + (k % STAGES) * (TILES * G::TILE_BYTES) + t * G::TILE_BYTES;
+#pragma unroll
+      for (int j = 0; j < CPY; ++j) sts16(tb + j * 512 + lane * 16, rc[t][j]);
+      sts8(tb + 32 * Q + lane * 8, rm[t]);
+    }
+  };
 
   // The q loads go out with the prologue's page-table reads; the q fragments are built while the
   // prologue copies are in flight. qraw[u][qq]: head gid's channels qq * Q + 4 (tq KW + u) + 0..3, the
@@ -293,23 +352,27 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   }
   int pg[TILES];
   {
-    int first[STAGES - 1][TILES];  // all page-table reads of the prologue in flight together
+    int first[PRE][TILES];  // all page-table reads of the prologue in flight together
     if constexpr (SPEC) {
 #pragma unroll
-      for (int k = 0; k < STAGES - 1; ++k)
+      for (int k = 0; k < PRE; ++k)
 #pragma unroll
         for (int t = 0; t < TILES; ++t) first[k][t] = spec_pages[k][t];
 #pragma unroll
-      for (int t = 0; t < TILES; ++t) pg[t] = spec_pages[STAGES - 1][t];
+      for (int t = 0; t < TILES; ++t) pg[t] = spec_pages[PRE][t];
     } else {
 #pragma unroll
-      for (int k = 0; k < STAGES - 1; ++k) load_pages(k, first[k]);
-      load_pages(STAGES - 1, pg);
+      for (int k = 0; k < PRE; ++k) load_pages(k, first[k]);
+      load_pages(PRE, pg);
     }
+    if constexpr (STAGED) {
+      load_regs(0, first[0]);
+    } else {
 #pragma unroll
-    for (int k = 0; k < STAGES - 1; ++k) {
-      issue(k, first[k]);
-      cp_async_commit();
+      for (int k = 0; k < PRE; ++k) {
+        issue(k, first[k]);
+        cp_async_commit();
+      }
     }
   }
   // B fragments of x = q * softmax_scale * log2e (logits come out in the log2 domain, up to the key
@@ -374,11 +437,21 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   const float qscale_lo = qscale * (1.f / 256.f), qbias = -kAccBiasBoth * qscale;
   const int32_t bias[4] = {kAccBias, kAccBias, kAccBias, kAccBias};
   for (int k = 0; k < nsteps; ++k) {
-    issue(k + STAGES - 1, pg);
-    cp_async_commit();
-    load_pages(k + STAGES, pg);
-    cp_async_wait<STAGES - 1>();
-    __syncwarp();
+    if constexpr (STAGED) {
+      // Stage k's registers into its slot (a full wait: ptxas keeps every ld.global on one scoreboard, and
+      // nothing else is outstanding here; the other lanes may still read slot k - 1), then stage k + 1's loads,
+      // which fly during compute(k).
+      store_regs(k);
+      __syncwarp();
+      load_regs(k + 1, pg);
+      load_pages(k + 2, pg);
+    } else {
+      issue(k + STAGES - 1, pg);
+      cp_async_commit();
+      load_pages(k + STAGES, pg);
+      cp_async_wait<STAGES - 1>();
+      __syncwarp();
+    }
     // A full stage (every token of the warp's tiles < t_end) skips the masks.
     auto compute = [&](auto full_tag) {
       constexpr bool FULL = decltype(full_tag)::value;
@@ -520,9 +593,9 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       compute(std::true_type{});
     else if (tile_start(k, 0) < t_end)
       compute(std::false_type{});
-    __syncwarp();
+    if constexpr (!STAGED) __syncwarp();
   }
-  cp_async_wait<0>();
+  if constexpr (!STAGED) cp_async_wait<0>();
   // Reduce l, w, wz over the 16 token rows (gid).
 #pragma unroll
   for (int off = 4; off < 32; off *= 2) {
@@ -1084,7 +1157,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   // read instead of after it (entries past the length, inside the sequence's table row, are read but not
   // used: every copy is predicated on the length).
   using G = Int2Geom<D>;
-  int spec[G::STAGES][G::TILES];
+  constexpr int SPEC_STAGES = 2;  // the STAGED prologue's stages (the parallel-merge kernels stage through registers)
+  int spec[SPEC_STAGES][G::TILES];
   if constexpr (PARALLEL && HAS_INT2) {
     if (int2) {
       const int P = p.int2_page_size, shift = 31 - __clz(P), warp = threadIdx.x / 32;
@@ -1092,7 +1166,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
       const int start = TABLE ? p.int2_split_start[split] : split * p.int2_chunk;
       const int stop = min(TABLE ? p.int2_split_start[split + 1] : start + p.int2_chunk, p.int2_max_pages * P);
 #pragma unroll
-      for (int k = 0; k < G::STAGES; ++k)
+      for (int k = 0; k < SPEC_STAGES; ++k)
 #pragma unroll
         for (int t = 0; t < G::TILES; ++t) {
           const int tok = start + k * G::STEP + (warp * G::TILES + t) * 16;
@@ -1132,7 +1206,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   __syncthreads();
   if (t_begin < t_end) {
     if (int2)
-      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL>(p, sh, smem, b, kv, t_begin, t_end, spec);
+      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL>(p, sh, smem, b, kv, t_begin, t_end, spec);
     else
       bf16_warp<D, PARALLEL || TABLE>(p, sh, b, kv, t_begin, t_end);
   }
