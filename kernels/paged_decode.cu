@@ -282,6 +282,14 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   lane_offsets<D>(lane, lane_tbl[0], lane_tbl[32], lane_tbl[64]);
   constexpr int NMAT = 2 * NX, LDM = NMAT >= 4 ? 4 : 2, NLDM = NMAT / LDM;  // V: 8x8 matrices, per ldmatrix
   const uint32_t wring_smem = static_cast<uint32_t>(__cvta_generic_to_shared(wring));
+  // Byte offsets of tile t of stage k in the code and metadata pools: 32-bit row index of the tile's first
+  // token (pools hold < 2^32 rows, checked on the host), 64-bit offsets.
+  auto tile_offsets = [&](int k, int t, const int (&pg)[TILES], size_t& code_off, size_t& meta_off) {
+    const int t0 = PAIRED ? 0 : t;
+    const uint32_t row = (uint32_t)pg[t0] * page_rows + kv_rows + (uint32_t)(tile_start(k, t0) & (P - 1));
+    code_off = (size_t)row * Q + (t - t0) * 16 * Q;
+    meta_off = (size_t)row * 16 + (t - t0) * 256;
+  };
   auto issue = [&](int k, const int (&pg)[TILES]) {
     const uint32_t sbuf = ring_lane + (k % STAGES) * (TILES * G::TILE_BYTES);
     const uint8_t* src[CPY + 1];  // read before the first copy (its "memory" clobber would force re-reads)
@@ -289,13 +297,9 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     for (int j = 0; j <= CPY; ++j) src[j] = src_tbl[32 * j];
 #pragma unroll
     for (int t = 0; t < TILES; ++t) {
-      const int tok = tile_start(k, t);
-      const bool live = tok < t_end;
-      // 32-bit row index of the tile's first token (pools hold < 2^32 rows, checked on the host);
-      // 64-bit byte offsets.
-      const int t0 = PAIRED ? 0 : t;
-      const uint32_t row = (uint32_t)pg[t0] * page_rows + kv_rows + (uint32_t)(tile_start(k, t0) & (P - 1));
-      const size_t code_off = (size_t)row * Q + (t - t0) * 16 * Q, meta_off = (size_t)row * 16 + (t - t0) * 256;
+      const bool live = tile_start(k, t) < t_end;
+      size_t code_off, meta_off;
+      tile_offsets(k, t, pg, code_off, meta_off);
       const uint32_t tb = sbuf + t * G::TILE_BYTES;
 #pragma unroll
       for (int j = 0; j < CPY; ++j) cp_async16_if(tb + j * 512, src[j] + code_off, live);
@@ -317,10 +321,9 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     for (int j = 0; j <= CPY; ++j) src[j] = src_tbl[32 * j];
 #pragma unroll
     for (int t = 0; t < TILES; ++t) {
-      const int t0 = PAIRED ? 0 : t;
-      const uint32_t row = (uint32_t)pg[t0] * page_rows + kv_rows + (uint32_t)(tile_start(k, t0) & (P - 1));
-      const size_t code_off = (size_t)row * Q + (t - t0) * 16 * Q, meta_off = (size_t)row * 16 + (t - t0) * 256;
       const bool live = tile_start(k, t) < t_end;
+      size_t code_off, meta_off;
+      tile_offsets(k, t, pg, code_off, meta_off);
 #pragma unroll
       for (int j = 0; j < CPY; ++j) ldg16_if(rc[t][j], src[j] + code_off, live);
       ldg8_if(rm[t], src[CPY] + meta_off, live);
