@@ -1,20 +1,24 @@
 #!/usr/bin/env python3
 """Times PyTorch SDPA decode attention (cuDNN and flash backends, BF16) on the oscar-bench shapes, so the
 two tables can be read side by side. Usage: python3 examples/bench_vs_torch.py [--batch 1,8,32,64]
-[--context 8192,32768,102400,131072] [--q-heads 32 --kv-heads 8 --head-dim 128] [--flush read|write|none].
-Markdown on stdout."""
+[--context 8192,32768,102400,131072] [--q-heads 32 --kv-heads 8 --head-dim 128] [--flush read|write|none]
+[--settle-ms 500]. Markdown on stdout."""
 import argparse
 import sys
+import time
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 FLUSH = "read"
+SETTLE_MS = 500
 
 
 def median_us(fn, warmup=5, iters=30):
     flush = torch.randint(0, 255, (256 << 20,), dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    time.sleep(SETTLE_MS / 1000.0)  # idle GPU first: every case starts at the same clock (oscar-bench --settle-ms)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -43,9 +47,11 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--flush", choices=["read", "write", "none"], default="read",
                     help="L2 state before each sample (as oscar-bench --flush)")
+    ap.add_argument("--settle-ms", type=int, default=500,
+                    help="idle milliseconds before each case (as oscar-bench --settle-ms; 0: none)")
     a = ap.parse_args()
-    global FLUSH
-    FLUSH = a.flush
+    global FLUSH, SETTLE_MS
+    FLUSH, SETTLE_MS = a.flush, a.settle_ms
     hq, hkv, d = a.q_heads, a.kv_heads, a.head_dim
     print(f"# PyTorch {torch.__version__} SDPA BF16 decode on {torch.cuda.get_device_name()}", file=sys.stderr)
     print("| backend | batch | context | time_us | tbps | gpu |")

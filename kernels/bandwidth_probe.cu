@@ -1,4 +1,4 @@
-// Bandwidth probes and random fills (see bandwidth_probe.h). Grid-stride loops, 16-byte accesses,
+// Bandwidth and clock probes, random fills (see bandwidth_probe.h). Grid-stride loops, 16-byte accesses,
 // 4 loads in flight per thread.
 #include "bandwidth_probe.h"
 
@@ -27,6 +27,20 @@ __global__ void read_kernel(const uint4* __restrict__ src, size_t n, unsigned* s
   }
   for (; i < n; i += stride) acc ^= src[i].x;
   if (acc == 0x9e3779b9u) *sink = acc;  // practically never taken; keeps the loads
+}
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__global__ void clock_kernel(unsigned long long* out, unsigned spin_ns) {
+  const unsigned long long t0 = global_ns();
+  const long long c0 = clock64();
+  unsigned long long t = t0;
+  while (t - t0 < spin_ns) t = global_ns();
+  out[0] = (unsigned long long)(clock64() - c0);
+  out[1] = t - t0;
 }
 
 __device__ __forceinline__ uint64_t mix(uint64_t x) {
@@ -73,6 +87,9 @@ void launch_copy_probe(const BandwidthProbeParams& p, cudaStream_t stream) {
 }
 void launch_read_probe(const BandwidthProbeParams& p, cudaStream_t stream) {
   read_kernel<<<blocks_for(p.n16 / 4), kThreads, 0, stream>>>(p.source, p.n16, p.sink);
+}
+void launch_clock_probe(unsigned long long* out, unsigned spin_ns, cudaStream_t stream) {
+  clock_kernel<<<1, 1, 0, stream>>>(out, spin_ns);
 }
 void launch_fill_random_bytes(uint8_t* data, size_t n, uint64_t seed, cudaStream_t stream) {
   fill_bytes_kernel<<<blocks_for(n), kThreads, 0, stream>>>(data, n, seed);

@@ -1,5 +1,5 @@
-// Memory-bandwidth probes for oscar-bench (device-to-device copy and read-only streaming kernels),
-// and device-side random fills so benchmark caches of tens of GB need no host data.
+// Memory-bandwidth probes for oscar-bench (device-to-device copy and read-only streaming kernels), an SM
+// clock probe, and device-side random fills so benchmark caches of tens of GB need no host data.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +16,10 @@ struct BandwidthProbeParams {
 };
 void launch_copy_probe(const BandwidthProbeParams& params, cudaStream_t stream);
 void launch_read_probe(const BandwidthProbeParams& params, cudaStream_t stream);
+
+// SM clock: one thread spins for spin_ns of %globaltimer and writes {SM cycles, ns} elapsed to out[0..1]
+// (MHz = 1000 cycles / ns): the clock the GPU's power management runs the SMs at just then.
+void launch_clock_probe(unsigned long long* out, unsigned spin_ns, cudaStream_t stream);
 
 // Random bytes (hash of index and seed).
 void launch_fill_random_bytes(uint8_t* data, size_t n, uint64_t seed, cudaStream_t stream);

@@ -2,11 +2,13 @@
 // and the quantise-pack kernel on one GPU, next to the HBM bandwidth measured in the same run.
 // Results on stdout (md/csv/json/jsonl), progress on stderr.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -24,6 +26,7 @@ namespace {
 
 struct Timing {
   double median_us = 0, noise_pct = 0;
+  double sm_mhz = 0;  // median SM clock right after each timed call
 };
 
 // How the L2 is emptied before each sample. read: stream a buffer twice the L2 through it, leaving
@@ -31,12 +34,16 @@ struct Timing {
 // is then charged to the timed call (the method of the first round of numbers); none: warm L2.
 enum class Flush { read, write, none };
 
+// Each case starts after settle_ms of an idle GPU: under sustained load the GPU's power cap lowers the SM
+// clock (H200: from 1980 to 1350-1530 MHz within seconds), so without a pause a case would be timed at a
+// clock set by the cases before it. The SM clock after every timed call is measured and reported.
 class Timer {
  public:
-  Timer(int warmup, int iterations, size_t flush_bytes, Flush flush)
-      : warmup_(warmup), iterations_(iterations), mode_(flush) {
+  Timer(int warmup, int iterations, int settle_ms, size_t flush_bytes, Flush flush)
+      : warmup_(warmup), iterations_(iterations), settle_ms_(settle_ms), mode_(flush) {
     flush_.resize(flush_bytes);
     sink_.resize(1);
+    clocks_.resize(2 * static_cast<size_t>(iterations));
     kernels::launch_fill_random_bytes(flush_.get(), flush_bytes, 77, nullptr);
     cuda_check(cudaEventCreate(&start_), "cudaEventCreate");
     cuda_check(cudaEventCreate(&stop_), "cudaEventCreate");
@@ -47,6 +54,10 @@ class Timer {
   }
   // Median over samples; before each sample the L2 is flushed as mode_ says.
   Timing time(const std::function<void()>& body) {
+    if (settle_ms_ > 0) {
+      cuda_check(cudaDeviceSynchronize(), "settle");
+      std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms_));
+    }
     for (int i = 0; i < warmup_; ++i) body();
     cuda_check(cudaGetLastError(), "warm-up launch");
     cuda_check(cudaDeviceSynchronize(), "warm-up");
@@ -64,6 +75,7 @@ class Timer {
       cuda_check(cudaEventRecord(start_), "cudaEventRecord");
       body();
       cuda_check(cudaEventRecord(stop_), "cudaEventRecord");
+      kernels::launch_clock_probe(clocks_.get() + 2 * i, 20000, nullptr);  // after the stop event: not timed
       cuda_check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
       float ms = 0;
       cuda_check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
@@ -77,14 +89,20 @@ class Timer {
     double var = 0;
     for (double u : us) var += (u - mean) * (u - mean);
     t.noise_pct = 100.0 * std::sqrt(var / us.size()) / mean;
+    const std::vector<unsigned long long> clocks = clocks_.download();
+    std::vector<double> mhz;
+    for (int i = 0; i < iterations_; ++i) mhz.push_back(1000.0 * clocks[2 * i] / std::max(1ull, clocks[2 * i + 1]));
+    std::sort(mhz.begin(), mhz.end());
+    t.sm_mhz = mhz[mhz.size() / 2];
     return t;
   }
 
  private:
-  int warmup_, iterations_;
+  int warmup_, iterations_, settle_ms_;
   Flush mode_;
   DeviceBuffer<uint8_t> flush_;
   DeviceBuffer<unsigned> sink_;
+  DeviceBuffer<unsigned long long> clocks_;  // [iterations] {SM cycles, ns} of the clock probe
   cudaEvent_t start_{}, stop_{};
 };
 
@@ -104,7 +122,7 @@ int bench_main(int argc, char** argv) {
       "  oscar-bench --batch 8,32 --context 32768 --ragged --format json -o bench.json"};
   CommonOptions common;
   int q_heads = 32, kv_heads = 8, head_dim = 128, sink = 64, recent = 256, int2_page = 64, bf16_page = 64;
-  int warmup = 5, iterations = 30, ctas_per_sm = 0;
+  int warmup = 5, iterations = 30, settle_ms = 500, ctas_per_sm = 0;
   long quant_rows = 1 << 20;
   std::string batch_spec = "1,8,32,64", context_spec = "8192,32768,102400,131072", format = "md";
   std::string kernels_spec = "int2,bf16,quant", flush = "read";
@@ -124,6 +142,11 @@ int bench_main(int argc, char** argv) {
   app.add_option("--kernels", kernels_spec, "which benchmarks: int2,bf16,quant")->capture_default_str();
   app.add_option("--warmup", warmup, "warm-up calls per case")->capture_default_str();
   app.add_option("--iterations", iterations, "timed calls per case (median reported)")->capture_default_str();
+  app.add_option("--settle-ms", settle_ms,
+                 "idle milliseconds before each case, so that every case starts at the same SM clock (the power "
+                 "cap lowers it under sustained load; 0: no pause, cases run back to back)")
+      ->check(CLI::Range(0, 60000))
+      ->capture_default_str();
   app.add_option("--format", format, "md, csv, json or jsonl")->capture_default_str();
   app.add_option("--flush", flush,
                  "L2 state before each sample: read (stream 2x L2 through it: clean, cold), write (memset: "
@@ -163,12 +186,15 @@ int bench_main(int argc, char** argv) {
   log(fmt::format("device: {} ({} SMs, {:.1f} GiB, L2 {} MB)", prop.name, sms, prop.totalGlobalMem / 1073741824.0,
                   prop.l2CacheSize >> 20));
   const Flush flush_mode = flush == "write" ? Flush::write : flush == "none" ? Flush::none : Flush::read;
-  Timer timer(warmup, iterations, std::max<size_t>(2 * static_cast<size_t>(prop.l2CacheSize), 64u << 20), flush_mode);
+  OSCAR_CHECK(iterations >= 1 && warmup >= 0, "--iterations {} / --warmup {}: need iterations >= 1 and warmup >= 0",
+              iterations, warmup);
+  Timer timer(warmup, iterations, settle_ms, std::max<size_t>(2 * static_cast<size_t>(prop.l2CacheSize), 64u << 20),
+              flush_mode);
   log(fmt::format("L2 flush before each sample: {}", flush));
 
   ReportTable table;
-  table.fields = {"kernel", "batch", "context", "ragged", "launches", "mbytes", "time_us", "noise_pct", "tbps",
-                  "pct_peak", "speedup_vs_bf16", "gpu"};
+  table.fields = {"kernel", "batch", "context", "ragged", "launches", "mbytes", "time_us", "noise_pct", "sm_mhz",
+                  "tbps", "pct_peak", "speedup_vs_bf16", "gpu"};
   table.markdown_precision = 2;
   const std::string gpu = prop.name;
 
@@ -190,10 +216,10 @@ int bench_main(int argc, char** argv) {
     const double read_tbps = 1.0 * probe_bytes / (read.median_us * 1e-6) / 1e12;
     peak_tbps = std::max(copy_tbps, read_tbps);
     table.add_row({std::string("hbm_copy"), 0L, 0L, std::string("-"), 1L, 2.0 * probe_bytes / 1e6, copy.median_us,
-                   copy.noise_pct, copy_tbps, 100.0 * copy_tbps / peak_tbps, std::string("-"), gpu});
+                   copy.noise_pct, copy.sm_mhz, copy_tbps, 100.0 * copy_tbps / peak_tbps, std::string("-"), gpu});
     table.add_row({std::string("hbm_read"), 0L, 0L, std::string("-"), 1L, 1.0 * probe_bytes / 1e6, read.median_us,
-                   read.noise_pct, read_tbps, 100.0 * read_tbps / peak_tbps, std::string("-"), gpu});
-    log(fmt::format("HBM: copy {:.2f} TB/s, read {:.2f} TB/s", copy_tbps, read_tbps));
+                   read.noise_pct, read.sm_mhz, read_tbps, 100.0 * read_tbps / peak_tbps, std::string("-"), gpu});
+    log(fmt::format("HBM: copy {:.2f} TB/s, read {:.2f} TB/s (SM {:.0f} MHz)", copy_tbps, read_tbps, read.sm_mhz));
   }
   auto pct = [&](double tbps) { return 100.0 * tbps / peak_tbps; };
 
@@ -246,9 +272,9 @@ int bench_main(int argc, char** argv) {
             bf16_us = t.median_us;
             const long launches = kernels::fused_merge_fits(plan.splits_total(), geometry.group, head_dim) ? 1L : 2L;
             table.add_row({std::string("bf16_decode"), batch, context, rag_label, launches, bytes / 1e6, t.median_us,
-                           t.noise_pct, tbps, pct(tbps), 1.0, gpu});
-            log(fmt::format("bf16_decode  B={} L={} {}: {:.1f} us, {:.2f} TB/s ({} splits)", batch, context,
-                            rag_label, t.median_us, tbps, plan.splits_total()));
+                           t.noise_pct, t.sm_mhz, tbps, pct(tbps), 1.0, gpu});
+            log(fmt::format("bf16_decode  B={} L={} {}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz ({} splits)", batch,
+                            context, rag_label, t.median_us, tbps, t.sm_mhz, plan.splits_total()));
           }
         }
         if (wants("int2")) {
@@ -267,11 +293,12 @@ int bench_main(int argc, char** argv) {
             const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
             const long launches = kernels::fused_merge_fits(plan.splits_total(), geometry.group, head_dim) ? 1L : 2L;
             table.add_row({std::string("int2_decode"), batch, context, rag_label, launches, bytes / 1e6, t.median_us,
-                           t.noise_pct, tbps, pct(tbps),
+                           t.noise_pct, t.sm_mhz, tbps, pct(tbps),
                            bf16_us > 0 ? ReportValue(bf16_us / t.median_us) : ReportValue(std::string("-")), gpu});
-            log(fmt::format("int2_decode  B={} L={} {}: {:.1f} us, {:.2f} TB/s ({}+{} splits, chunk {})", batch,
-                            context, rag_label, t.median_us, tbps, plan.int2_splits, plan.bf16_splits,
-                            plan.int2_chunk));
+            log(fmt::format("int2_decode  B={} L={} {}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz ({}+{} splits, "
+                            "chunk {})",
+                            batch, context, rag_label, t.median_us, tbps, t.sm_mhz, plan.int2_splits,
+                            plan.bf16_splits, plan.int2_chunk));
           }
         }
       }
@@ -299,10 +326,11 @@ int bench_main(int argc, char** argv) {
       const double bytes = 1.0 * quant_rows * (head_dim * 4 + head_dim / 4 + 8);
       const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
       table.add_row({std::string(rotate ? "quantize_pack_rotate" : "quantize_pack"), quant_rows, 0L,
-                     std::string("-"), 1L, bytes / 1e6, t.median_us, t.noise_pct, tbps, pct(tbps), std::string("-"),
+                     std::string("-"), 1L, bytes / 1e6, t.median_us, t.noise_pct, t.sm_mhz, tbps, pct(tbps),
+                     std::string("-"),
                      gpu});
-      log(fmt::format("{} rows={}: {:.1f} us, {:.2f} TB/s", rotate ? "quantize_pack_rotate" : "quantize_pack",
-                      quant_rows, t.median_us, tbps));
+      log(fmt::format("{} rows={}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz",
+                      rotate ? "quantize_pack_rotate" : "quantize_pack", quant_rows, t.median_us, tbps, t.sm_mhz));
     }
   }
 
