@@ -2,7 +2,7 @@
 """Times PyTorch SDPA decode attention (cuDNN and flash backends, BF16) on the oscar-bench shapes, so the
 two tables can be read side by side. Usage: python3 examples/bench_vs_torch.py [--batch 1,8,32,64]
 [--context 8192,32768,102400,131072] [--q-heads 32 --kv-heads 8 --head-dim 128] [--flush read|write|none]
-[--settle-ms 500]. Markdown on stdout."""
+[--settle-ms 500] [--iterations 30]. Markdown on stdout."""
 import argparse
 import sys
 import time
@@ -13,9 +13,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 FLUSH = "read"
 SETTLE_MS = 500
+ITERATIONS = 30
 
 
-def median_us(fn, warmup=5, iters=30):
+def median_us(fn, warmup=5):
     flush = torch.randint(0, 255, (256 << 20,), dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
     time.sleep(SETTLE_MS / 1000.0)  # idle GPU first: every case starts at the same clock (oscar-bench --settle-ms)
@@ -23,7 +24,7 @@ def median_us(fn, warmup=5, iters=30):
         fn()
     torch.cuda.synchronize()
     times = []
-    for _ in range(iters):
+    for _ in range(ITERATIONS):
         if FLUSH == "read":  # cold, clean L2, as oscar-bench --flush read does
             flush.max()
         elif FLUSH == "write":  # memset: dirty lines whose write-back lands in the timed call
@@ -49,9 +50,12 @@ def main():
                     help="L2 state before each sample (as oscar-bench --flush)")
     ap.add_argument("--settle-ms", type=int, default=500,
                     help="idle milliseconds before each case (as oscar-bench --settle-ms; 0: none)")
+    ap.add_argument("--iterations", type=int, default=30, help="timed calls per case (median reported)")
     a = ap.parse_args()
-    global FLUSH, SETTLE_MS
-    FLUSH, SETTLE_MS = a.flush, a.settle_ms
+    if a.iterations < 1:
+        ap.error(f"--iterations {a.iterations}: need at least one timed call")
+    global FLUSH, SETTLE_MS, ITERATIONS
+    FLUSH, SETTLE_MS, ITERATIONS = a.flush, a.settle_ms, a.iterations
     hq, hkv, d = a.q_heads, a.kv_heads, a.head_dim
     print(f"# PyTorch {torch.__version__} SDPA BF16 decode on {torch.cuda.get_device_name()}", file=sys.stderr)
     print("| backend | batch | context | time_us | tbps | gpu |")
