@@ -1,8 +1,8 @@
 // GPU rotate-clip-quantise-pack against the CPU quantiser: codes and metadata bit-identical on
 // already-rotated rows (no rotation); with a rotation, x.R differs from the CPU by float summation
-// order and, on the tensor-core paths (fp16 split with power-of-two scaling for d <= 128, 3xTF32 for
-// d = 256), by ~2^-20 relative per product, so codes may move by one step where a value sits on a
-// rounding boundary.
+// order and, on the tensor-core paths (fp16 hi/lo split with power-of-two scaling, hi.hi + hi.lo + lo.hi),
+// by ~2^-20 relative per product, so codes may move by one step where a value sits on a rounding
+// boundary.
 #include <gtest/gtest.h>
 
 #include <algorithm>
