@@ -66,6 +66,7 @@ struct DevicePagedCache {
   int int2_max_pages = 0, bf16_max_pages = 0;
   int max_int2_length = 0, max_bf16_length = 0;
   int min_int2_length = 0;  // the shortest INT2 tier of the batch
+  std::vector<int32_t> host_int2_lengths;  // [batch] INT2 tokens per sequence (split planning)
   DeviceBuffer<int32_t> int2_lengths, bf16_lengths, int2_page_table, bf16_page_table;
   DeviceBuffer<uint8_t> key_codes, value_codes;
   DeviceBuffer<float> int2_metadata;
