@@ -83,7 +83,8 @@ size_t paged_cache_device_bytes(const PagedCacheGeometry& geometry, const std::v
 
 // Splits of each tier (0 splits if a tier is empty). INT2: the split count that minimises waves x
 // tokens per CTA for ctas_per_sm resident CTAs per multiprocessor (<= 0: the kernel's occupancy), with
-// at most 12K tokens per CTA, plus a merge cost per split (lower where the parallel merge applies);
+// at most 12K tokens per CTA, plus a merge cost per split (lower where the parallel merge applies; ragged
+// batches: the end of a greedy fill of the slots with the non-empty and empty CTAs in grid order);
 // BF16: as many CTAs as the INT2 CTAs' last wave leaves slots free (about ctas_per_sm * SMs without
 // INT2 tokens), at least one per (sequence, KV head), each at most 1/8 of an INT2 CTA's tokens.
 struct CudaDecodePlan {
