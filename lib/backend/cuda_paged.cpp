@@ -161,8 +161,10 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     // 11 of 11904 1625 us; batch 32 / 32K: 2 of 16256 242.6 us, 4 of 8192 237.5 us): the search starts
     // at chunks of at most 12K tokens.
     constexpr long kMaxChunk = 12288;
-    // Ragged batches (not merged in parallel): the cost is ragged_makespan, over at most 64 splits.
-    constexpr long kMaxRaggedSplits = 64;
+    // Ragged batches (not merged in parallel): the cost is ragged_makespan, for grids of at most 16 waves
+    // (finer splits never won in the model on batches 2-128 at 4K-128K; the bound keeps a plan within
+    // ~7 ms on a 2-core machine for batches 8-1024 at 100K, against ~160 ms at batch 256 without it).
+    constexpr long kMaxRaggedWaves = 16;
     const bool ragged = cache.min_int2_length < cache.max_int2_length &&
                         cache.host_int2_lengths.size() == static_cast<size_t>(g.batch);
     double best = 0;
@@ -170,7 +172,7 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
       const long chunk = ((len + s - 1) / s + q - 1) / q * q;
       const long splits = (len + chunk - 1) / chunk;
       if (splits != s) continue;  // the same chunk as a smaller s
-      if (ragged && splits > kMaxRaggedSplits && plan.int2_splits > 0) continue;
+      if (ragged && pairs * splits > kMaxRaggedWaves * slots && plan.int2_splits > 0) continue;
       const long waves = (pairs * splits + slots - 1) / slots;
       // The merge (last CTA per sequence and KV head) reads every split serially: ~100 tokens' worth
       // of time per split (batch 1 / 100K measured 58.6 us with 32 splits vs 68.9 us with 62).
@@ -187,7 +189,7 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
         const long per_sm = (pairs * splits + num_sms - 1) / num_sms;
         const double slowdown = per_sm <= 2 ? 1.0 : 1.0 + 0.26 * static_cast<double>(per_sm - 2);
         cost = (chunk + 384) * slowdown + kParallelSplitCost * splits;
-      } else if (ragged && splits <= kMaxRaggedSplits) {
+      } else if (ragged && pairs * splits <= kMaxRaggedWaves * slots) {
         cost = ragged_makespan(cache.host_int2_lengths, g.num_kv_heads, chunk, splits, slots);
       }
       if (plan.int2_splits == 0 || cost < best) {
