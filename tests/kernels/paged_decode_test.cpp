@@ -35,6 +35,7 @@ struct DecodeCase {
   bool parallel_merge = true;  // false: the last split CTA merges even where merge CTAs would fit
   std::vector<int> split_starts;  // non-empty: this INT2 split table instead of the planner's splits
   bool expect_planned_table = false;  // the planner itself must choose a split table
+  int expect_min_int2_splits = 0;     // the planner must choose at least this many INT2 splits
 };
 
 HostPagedCache random_cache(const DecodeCase& c, uint64_t seed) {
@@ -104,6 +105,7 @@ void run_case(const DecodeCase& c) {
     for (size_t s = 1; s < c.split_starts.size(); ++s)
       plan.int2_chunk = std::max(plan.int2_chunk, c.split_starts[s] - c.split_starts[s - 1]);
   }
+  EXPECT_GE(plan.int2_splits, c.expect_min_int2_splits) << c.label;
   if (c.expect_planned_table)
     EXPECT_EQ(plan.int2_split_start.size(), static_cast<size_t>(plan.int2_splits) + 1) << c.label << ": no split table";
   plan.parallel_merge = c.parallel_merge;
@@ -148,6 +150,16 @@ TEST(PagedDecode, SplitBoundariesAndRaggedBatch) {
   c.force_int2_chunk = 256;
   run_case(c);
   run_case({128, 4, 8, {20000, 1, 700}, {320, 320, 320}, 256, 64, 4, true, "ragged, page 256"});
+}
+
+TEST(PagedDecode, RaggedBatchIsPlannedByTheCtasWithTokens) {
+  // One long sequence and seven short ones, 8 KV heads: planned as if all were 60000 tokens long, 8 splits
+  // would fill one wave (64 pairs x 8); most of those CTAs are empty, so the ragged rule splits the long
+  // sequence much finer (24-30 splits in its model), and the result must still match the reference.
+  DecodeCase c{128, 4, 8, {60000, 2000, 2000, 2000, 2000, 2000, 2000, 2000}, std::vector<int32_t>(8, 320), 64, 64, 4,
+               true, "ragged, one long sequence"};
+  c.expect_min_int2_splits = 16;
+  run_case(c);
 }
 
 TEST(PagedDecode, SmallestSplitsAndRepeatedCalls) {
