@@ -54,6 +54,8 @@ def main():
     a = ap.parse_args()
     if a.iterations < 1:
         ap.error(f"--iterations {a.iterations}: need at least one timed call")
+    if a.settle_ms < 0:
+        ap.error(f"--settle-ms {a.settle_ms}: must be >= 0")
     global FLUSH, SETTLE_MS, ITERATIONS
     FLUSH, SETTLE_MS, ITERATIONS = a.flush, a.settle_ms, a.iterations
     hq, hkv, d = a.q_heads, a.kv_heads, a.head_dim
