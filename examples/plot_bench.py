@@ -55,6 +55,13 @@ def read_torch(path):
     return times
 
 
+def save(fig, out, name):
+    path = os.path.join(out, name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
 def context_label(tokens):
     return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
 
@@ -89,10 +96,7 @@ def plot_share(plt, runs, labels, out, prefix, title):
     legend = ax.legend(fontsize=8, loc="upper left")
     for handle in getattr(legend, "legend_handles", getattr(legend, "legendHandles", [])):
         handle.set_alpha(1.0)  # the first bars may be faded ones
-    path = os.path.join(out, f"{prefix}_pct_peak.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    return save(fig, out, f"{prefix}_pct_peak.png")
 
 
 def plot_times(plt, rows, label, torch_times, out, prefix, title):
@@ -120,10 +124,7 @@ def plot_times(plt, rows, label, torch_times, out, prefix, title):
     ax.set_title(f"{title}decode time")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    path = os.path.join(out, f"{prefix}_time.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    return save(fig, out, f"{prefix}_time.png")
 
 
 def main():
