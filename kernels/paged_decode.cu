@@ -284,22 +284,33 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   const uint32_t wring_smem = static_cast<uint32_t>(__cvta_generic_to_shared(wring));
   // Byte offsets of tile t of stage k in the code and metadata pools: 32-bit row index of the tile's first
   // token (pools hold < 2^32 rows, checked on the host), 64-bit offsets.
-  auto tile_offsets = [&](int k, int t, const int (&pg)[TILES], size_t& code_off, size_t& meta_off) {
+  // Copy sources of tile t of stage k (src[j] + code_off: code chunk j, src[CPY] + meta_off: metadata) and
+  // whether the tile starts before t_end. The lane's source table is read before the first copy (a copy's
+  // "memory" clobber would force re-reads).
+  struct TileSources {
+    const uint8_t* src[CPY + 1];
+  };
+  auto lane_sources = [&] {
+    TileSources s;
+#pragma unroll
+    for (int j = 0; j <= CPY; ++j) s.src[j] = src_tbl[32 * j];
+    return s;
+  };
+  auto tile_at = [&](int k, int t, const int (&pg)[TILES], size_t& code_off, size_t& meta_off) {
     const int t0 = PAIRED ? 0 : t;
     const uint32_t row = (uint32_t)pg[t0] * page_rows + kv_rows + (uint32_t)(tile_start(k, t0) & (P - 1));
     code_off = (size_t)row * Q + (t - t0) * 16 * Q;
     meta_off = (size_t)row * 16 + (t - t0) * 256;
+    return tile_start(k, t) < t_end;
   };
   auto issue = [&](int k, const int (&pg)[TILES]) {
     const uint32_t sbuf = ring_lane + (k % STAGES) * (TILES * G::TILE_BYTES);
-    const uint8_t* src[CPY + 1];  // read before the first copy (its "memory" clobber would force re-reads)
-#pragma unroll
-    for (int j = 0; j <= CPY; ++j) src[j] = src_tbl[32 * j];
+    const TileSources ts = lane_sources();
+    const auto& src = ts.src;
 #pragma unroll
     for (int t = 0; t < TILES; ++t) {
-      const bool live = tile_start(k, t) < t_end;
       size_t code_off, meta_off;
-      tile_offsets(k, t, pg, code_off, meta_off);
+      const bool live = tile_at(k, t, pg, code_off, meta_off);
       const uint32_t tb = sbuf + t * G::TILE_BYTES;
 #pragma unroll
       for (int j = 0; j < CPY; ++j) cp_async16_if(tb + j * 512, src[j] + code_off, live);
@@ -316,14 +327,12 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     for (int j = 0; j < CPY; ++j) rc[t][j] = make_uint4(0u, 0u, 0u, 0u);
   }
   auto load_regs = [&](int k, const int (&pg)[TILES]) {
-    const uint8_t* src[CPY + 1];
-#pragma unroll
-    for (int j = 0; j <= CPY; ++j) src[j] = src_tbl[32 * j];
+    const TileSources ts = lane_sources();
+    const auto& src = ts.src;
 #pragma unroll
     for (int t = 0; t < TILES; ++t) {
-      const bool live = tile_start(k, t) < t_end;
       size_t code_off, meta_off;
-      tile_offsets(k, t, pg, code_off, meta_off);
+      const bool live = tile_at(k, t, pg, code_off, meta_off);
 #pragma unroll
       for (int j = 0; j < CPY; ++j) ldg16_if(rc[t][j], src[j] + code_off, live);
       ldg8_if(rm[t], src[CPY] + meta_off, live);
