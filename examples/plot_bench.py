@@ -141,6 +141,14 @@ def main():
     if len(labels) != len(args.runs):
         parser.error(f"--labels has {len(labels)} names for {len(args.runs)} runs")
     runs = [read_bench(path, args.kernel) for path in args.runs]
+    # A run with both INT2 metadata layouts (oscar-bench --int2-metadata fp32,fp16) becomes one series per layout.
+    split_runs, split_labels = [], []
+    for rows, label in zip(runs, labels):
+        layouts = sorted({r.get("int2_metadata", "-") for r in rows})
+        for layout in layouts:
+            split_runs.append([r for r in rows if r.get("int2_metadata", "-") == layout])
+            split_labels.append(f"{label} ({layout} metadata)" if len(layouts) > 1 else label)
+    runs, labels = split_runs, split_labels
     torch_times = read_torch(args.torch) if args.torch else {}
     import matplotlib
 

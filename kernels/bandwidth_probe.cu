@@ -2,6 +2,8 @@
 // 4 loads in flight per thread.
 #include "bandwidth_probe.h"
 
+#include <cuda_fp16.h>
+
 namespace oscar::kernels {
 namespace {
 
@@ -67,10 +69,11 @@ __global__ void fill_float_kernel(float* data, size_t n, uint64_t seed) {
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     data[i] = 4.0f * unit(mix(i * 0x9e3779b97f4a7c15ull + seed)) - 2.0f;
 }
-__global__ void fill_metadata_kernel(float* data, size_t rows, uint64_t seed) {
+template <typename T>
+__global__ void fill_metadata_kernel(T* data, size_t rows, uint64_t seed) {
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * 4; i += (size_t)gridDim.x * blockDim.x) {
     const float u = unit(mix(i * 0x9e3779b97f4a7c15ull + seed));
-    data[i] = (i % 2 == 0) ? 0.3f + 0.4f * u : 1.0f + u;
+    data[i] = T((i % 2 == 0) ? 0.3f + 0.4f * u : 1.0f + u);
   }
 }
 
@@ -97,8 +100,11 @@ void launch_fill_random_bytes(uint8_t* data, size_t n, uint64_t seed, cudaStream
 void launch_fill_random_bf16(uint16_t* data, size_t n, uint64_t seed, cudaStream_t stream) {
   fill_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(data, n, seed);
 }
-void launch_fill_random_metadata(float* data, size_t rows, uint64_t seed, cudaStream_t stream) {
-  fill_metadata_kernel<<<blocks_for(rows * 4), kThreads, 0, stream>>>(data, rows, seed);
+void launch_fill_random_metadata(void* data, size_t rows, bool fp16, uint64_t seed, cudaStream_t stream) {
+  if (fp16)
+    fill_metadata_kernel<<<blocks_for(rows * 4), kThreads, 0, stream>>>(static_cast<__half*>(data), rows, seed);
+  else
+    fill_metadata_kernel<<<blocks_for(rows * 4), kThreads, 0, stream>>>(static_cast<float*>(data), rows, seed);
 }
 void launch_fill_random_float(float* data, size_t n, uint64_t seed, cudaStream_t stream) {
   fill_float_kernel<<<blocks_for(n), kThreads, 0, stream>>>(data, n, seed);

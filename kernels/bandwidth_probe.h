@@ -25,8 +25,9 @@ void launch_clock_probe(unsigned long long* out, unsigned spin_ns, cudaStream_t 
 void launch_fill_random_bytes(uint8_t* data, size_t n, uint64_t seed, cudaStream_t stream);
 // Random bfloat16 bits, roughly uniform in [-2, 2).
 void launch_fill_random_bf16(uint16_t* data, size_t n, uint64_t seed, cudaStream_t stream);
-// INT2 metadata rows [n, 4] = (k scale, k zero, v scale, v zero) with scale in [0.3, 0.7), zero in [1, 2).
-void launch_fill_random_metadata(float* data, size_t rows, uint64_t seed, cudaStream_t stream);
+// INT2 metadata rows [n, 4] = (k scale, k zero, v scale, v zero) with scale in [0.3, 0.7), zero in [1, 2), as
+// fp32 or (fp16) fp16 values.
+void launch_fill_random_metadata(void* data, size_t rows, bool fp16, uint64_t seed, cudaStream_t stream);
 // Random floats, roughly uniform in [-2, 2).
 void launch_fill_random_float(float* data, size_t n, uint64_t seed, cudaStream_t stream);
 

@@ -2,7 +2,7 @@
 //
 // INT2 path. Each warp runs its own cp.async pipeline (STAGES deep; the batch-1 kernels load through
 // registers instead, see int2_cta's STAGED) that copies whole 16-token tiles (K codes [16, d/4], V codes
-// [16, d/4], metadata [16, 4] floats: contiguous in a page) into its shared-memory ring, two tiles per
+// [16, d/4], metadata [16, 4] fp32 or fp16: contiguous in a page) into its shared-memory ring, two tiles per
 // stage, and computes on them with mma.sync, the g <= 8 query heads of the KV head as the n = 8 columns,
 // so each byte read serves every query head. No dequantisation:
 // q.k_hat = s (q.c - z sum q) and sum_t w_t v_hat_t = sum_t w_t s_t (c_t - z_t).
@@ -174,6 +174,13 @@ __host__ __device__ constexpr int v_swizzle(int t) {
   return QC == 1 ? 0 : (t / (8 / QC)) % QC;
 }
 
+// Metadata bytes per token row: (k scale, k zero, v scale, v zero) as fp32 or (M16) fp16. The ring keeps
+// the fp32 tile size either way; fp16 metadata fills the first half of the tile's metadata slot.
+template <bool M16>
+constexpr int meta_row_bytes() {
+  return M16 ? 8 : 16;
+}
+
 // Per-lane shared-memory offsets within a tile (bytes), kept in a per-warp table in shared memory and
 // read there each stage: computed from the lane id in the loop they cost ~20 ALU instructions per stage
 // (at 128 registers ptxas rematerialises them rather than hold them); a __constant__ table indexed by
@@ -181,12 +188,12 @@ __host__ __device__ constexpr int v_swizzle(int t) {
 // (row gid + 8: + 8 Q); meta: that row's (scale, zero) pairs (+ 128 for gid + 8); v: this lane's row
 // address of the V ldmatrix: matrix m = (lane / 8) % 4 of the first ldmatrix, (hi, s) = (m / NX, m % NX)
 // (the second, at D = 256, is hi = 1: + 8 rows), row lane % 8 = token tile_token(lane % 8) + 8 hi.
-template <int D>
+template <int D, bool M16>
 __device__ __forceinline__ void lane_offsets(int lane, uint32_t& k, uint32_t& meta, uint32_t& v) {
   using G = Int2Geom<D>;
   const int gid = lane / 4, tq = lane % 4;
   k = tile_token(gid) * G::Q + tq * G::KW * 4;
-  meta = 32 * G::Q + tile_token(gid) * 16;
+  meta = 32 * G::Q + tile_token(gid) * meta_row_bytes<M16>();
   const int m = (lane >> 3) % (2 * G::NX >= 4 ? 4 : 2), vhi = m / G::NX, vs = m % G::NX;
   const int vt = tile_token(lane & 7) + 8 * vhi;
   v = 16 * G::Q + 16 * (vt * G::QC + (vs ^ v_swizzle<G::QC>(vt)));
@@ -221,7 +228,8 @@ constexpr int smem_bytes() {
 // the top of the next step (same ring layout; metadata as 8 bytes per lane). One stage in flight per warp:
 // faster on these short CTAs (H200, d = 128: batch 1 / 8K 14.2 -> 13.6 us, 100K 32.1 -> 31.5 us), slower
 // on the large grids (all kernels this way: 32 / 100K 590 -> 614 us), where more stages need to fly.
-template <int D, bool PAIRED, bool SPEC = false, bool STAGED = false>
+// M16: the metadata is fp16 (8 bytes per row, read as 8 bytes and widened in the loop), else fp32.
+template <int D, bool PAIRED, bool SPEC = false, bool STAGED = false, bool M16 = false>
 __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* ring, int b, int kv, int t_begin,
                          int t_end, const int (*spec_pages)[Int2Geom<D>::TILES] = nullptr) {
   using G = Int2Geom<D>;
@@ -273,13 +281,16 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     const int v = c - Q, vt = v / G::QC, vs = (v % G::QC) ^ v_swizzle<G::QC>(vt);
     src_tbl[32 * j] = c < Q ? p.key_codes + c * 16 : p.value_codes + (vt * G::QC + vs) * 16;
   }
-  src_tbl[32 * CPY] = reinterpret_cast<const uint8_t*>(p.int2_metadata) + (STAGED ? lane * 8 : (lane & 15) * 16);
-  const bool meta_lane = lane < 16;
+  // Metadata of a tile: 16 rows of MB bytes, 16-byte copies by its first MB lanes (STAGED: 8 bytes per lane,
+  // lanes 0-31 at fp32, 0-15 at fp16).
+  constexpr int MB = meta_row_bytes<M16>();
+  src_tbl[32 * CPY] = static_cast<const uint8_t*>(p.int2_metadata) + (STAGED ? lane * 8 : (lane % MB) * 16);
+  const bool meta_lane = lane < MB, meta_lane8 = lane < 2 * MB;
   const uint32_t page_rows = (uint32_t)p.num_kv_heads * (uint32_t)P, kv_rows = (uint32_t)kv * (uint32_t)P;
   const uint32_t ring_lane = static_cast<uint32_t>(__cvta_generic_to_shared(wring)) + lane * 16;
   // This lane's table [k, meta, v] (written and read by this lane only).
   uint32_t* lane_tbl = reinterpret_cast<uint32_t*>(ring + G::RING_BYTES + warp * G::TABLE_BYTES) + lane;
-  lane_offsets<D>(lane, lane_tbl[0], lane_tbl[32], lane_tbl[64]);
+  lane_offsets<D, M16>(lane, lane_tbl[0], lane_tbl[32], lane_tbl[64]);
   constexpr int NMAT = 2 * NX, LDM = NMAT >= 4 ? 4 : 2, NLDM = NMAT / LDM;  // V: 8x8 matrices, per ldmatrix
   const uint32_t wring_smem = static_cast<uint32_t>(__cvta_generic_to_shared(wring));
   // Byte offsets of tile t of stage k in the code and metadata pools: 32-bit row index of the tile's first
@@ -300,7 +311,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     const int t0 = PAIRED ? 0 : t;
     const uint32_t row = (uint32_t)pg[t0] * page_rows + kv_rows + (uint32_t)(tile_start(k, t0) & (P - 1));
     code_off = (size_t)row * Q + (t - t0) * 16 * Q;
-    meta_off = (size_t)row * 16 + (t - t0) * 256;
+    meta_off = (size_t)row * MB + (t - t0) * 16 * MB;
     return tile_start(k, t) < t_end;
   };
   auto issue = [&](int k, const int (&pg)[TILES]) {
@@ -335,7 +346,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       const bool live = tile_at(k, t, pg, code_off, meta_off);
 #pragma unroll
       for (int j = 0; j < CPY; ++j) ldg16_if(rc[t][j], src[j] + code_off, live);
-      ldg8_if(rm[t], src[CPY] + meta_off, live);
+      ldg8_if(rm[t], src[CPY] + meta_off, live && meta_lane8);
     }
   };
   auto store_regs = [&](int k) {
@@ -344,7 +355,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       const uint32_t tb = wring_smem + (k % STAGES) * (TILES * G::TILE_BYTES) + t * G::TILE_BYTES;
 #pragma unroll
       for (int j = 0; j < CPY; ++j) sts16(tb + j * 512 + lane * 16, rc[t][j]);
-      sts8(tb + 32 * Q + lane * 8, rm[t]);
+      if (meta_lane8) sts8(tb + 32 * Q + lane * 8, rm[t]);
     }
   };
 
@@ -516,7 +527,14 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int tok = tile_start(k, t) + tile_token(gid + 8 * r);
-          const float4 mt = *reinterpret_cast<const float4*>(tb + lane_tbl[32] + r * 128);
+          float4 mt;
+          if constexpr (M16) {
+            const uint2 h = *reinterpret_cast<const uint2*>(tb + lane_tbl[32] + r * 8 * MB);
+            const float2 key = unpack_half2(h.x), value = unpack_half2(h.y);
+            mt = make_float4(key.x, key.y, value.x, value.y);
+          } else {
+            mt = *reinterpret_cast<const float4*>(tb + lane_tbl[32] + r * 8 * MB);
+          }
           meta[t][r] = FULL || tok < t_end ? mt : make_float4(0.f, 0.f, 0.f, 0.f);
         }
       }
@@ -1136,7 +1154,8 @@ enum class Int2Pages { none, small, paired };
 // kept separate so that the large-batch code is not recompiled around the merge CTAs' (batch 8 / 8K
 // was 2.5-4 % slower in one kernel). TABLE (not with PARALLEL): INT2 splits from p.int2_split_table, a
 // kernel of its own for the same reason (batch 64 / 8K 133 -> 138 us with the table read in every kernel).
-template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE>
+// M16: fp16 INT2 metadata (p.int2_metadata_fp16; paired pages only).
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16>
 __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_decode_kernel(const PagedDecodeParams p) {
   constexpr bool HAS_INT2 = PAGES != Int2Pages::none;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -1218,7 +1237,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   __syncthreads();
   if (t_begin < t_end) {
     if (int2)
-      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL>(p, sh, smem, b, kv, t_begin, t_end, spec);
+      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16>(p, sh, smem, b, kv, t_begin, t_end, spec);
     else
       bf16_warp<D, PARALLEL || TABLE>(p, sh, b, kv, t_begin, t_end);
   }
@@ -1266,46 +1285,46 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
 }
 
-template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE>
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   static const bool configured = [] {
-    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL, TABLE>,
+    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
     return true;
   }();
   (void)configured;
   const int pairs = p.batch * p.num_kv_heads;
   const unsigned ctas = (unsigned)(pairs * (p.splits_total() + p.merge_parts));
-  paged_decode_kernel<D, PAGES, PARALLEL, TABLE><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
+  paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
 }
 
-template <int D, Int2Pages PAGES>
+template <int D, Int2Pages PAGES, bool M16>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   if (p.merge_parts > 0) {
-    launch_kernel<D, PAGES, true, false>(p, stream);
+    launch_kernel<D, PAGES, true, false, M16>(p, stream);
   } else if constexpr (PAGES != Int2Pages::none) {  // a split table has INT2 splits
     if (p.int2_split_table)
-      launch_kernel<D, PAGES, false, true>(p, stream);
+      launch_kernel<D, PAGES, false, true, M16>(p, stream);
     else
-      launch_kernel<D, PAGES, false, false>(p, stream);
+      launch_kernel<D, PAGES, false, false, M16>(p, stream);
   } else {
-    launch_kernel<D, PAGES, false, false>(p, stream);
+    launch_kernel<D, PAGES, false, false, M16>(p, stream);
   }
 }
 
-template <Int2Pages PAGES>
+template <Int2Pages PAGES, bool M16 = false>
 void launch_for_dim(const PagedDecodeParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
-    case 64: launch_kernel<64, PAGES>(p, stream); break;
-    case 128: launch_kernel<128, PAGES>(p, stream); break;
-    case 256: launch_kernel<256, PAGES>(p, stream); break;
+    case 64: launch_kernel<64, PAGES, M16>(p, stream); break;
+    case 128: launch_kernel<128, PAGES, M16>(p, stream); break;
+    case 256: launch_kernel<256, PAGES, M16>(p, stream); break;
     default: break;
   }
 }
 
 template <int D>
 int occupancy() {
-  const auto kernel = paged_decode_kernel<D, Int2Pages::paired, false, false>;  // the default 64-token pages
+  const auto kernel = paged_decode_kernel<D, Int2Pages::paired, false, false, false>;  // the default 64-token pages
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
   int n = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem_bytes<D>()) != cudaSuccess)
@@ -1362,6 +1381,7 @@ void check_paged_decode(const PagedDecodeParams& p) {
     require(p.int2_chunk > 0 && p.int2_chunk % kInt2SplitQuantum == 0, "INT2 split chunk must be a multiple of 128");
     require(p.key_codes && p.value_codes && p.int2_metadata && p.int2_page_table && p.int2_lengths,
             "null INT2 cache pointer");
+    require(!p.int2_metadata_fp16 || p.int2_page_size >= 32, "fp16 INT2 metadata needs pages of >= 32 tokens");
   }
   if (p.bf16_splits > 0) {
     require(p.bf16_page_size >= 32 && p.bf16_page_size % 32 == 0, "BF16 page size must be a multiple of 32");
@@ -1398,6 +1418,8 @@ void launch_paged_decode(const PagedDecodeParams& p, cudaStream_t stream) {
   }
   if (p.int2_splits == 0)
     launch_for_dim<Int2Pages::none>(p, stream);
+  else if (p.int2_metadata_fp16)
+    launch_for_dim<Int2Pages::paired, true>(p, stream);
   else if (p.int2_page_size >= 32)
     launch_for_dim<Int2Pages::paired>(p, stream);
   else

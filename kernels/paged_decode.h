@@ -1,5 +1,5 @@
 // Split-K flash-decoding over a paged segmented cache: INT2 history pages (2-bit codes in the quarter
-// layout + fp32 (scale, zero) per token) and BF16 pages (sink + recent tiers, or a whole plain BF16
+// layout + (scale, zero) per token in fp32 or fp16) and BF16 pages (sink + recent tiers, or a whole plain BF16
 // cache for the baseline). One launch writes a partial output and log2-sum-exp per split; with
 // merge_counters set, the last CTA of each (sequence, KV head) also merges the splits and un-rotates
 // (one launch per decode call), or, with merge_parts set (grids of one wave, i.e. batch 1), merge CTAs
@@ -30,7 +30,8 @@ struct PagedDecodeParams {
   int int2_page_size = 0;                 // P tokens per page, a power of two >= 16; pool < 2^32 rows
   const uint8_t* key_codes = nullptr;     // [pages, Hkv, P, d/4] quarter layout
   const uint8_t* value_codes = nullptr;   // [pages, Hkv, P, d/4]
-  const float* int2_metadata = nullptr;   // [pages, Hkv, P, 4] = (k_scale, k_zero, v_scale, v_zero)
+  const void* int2_metadata = nullptr;    // [pages, Hkv, P, 4] = (k_scale, k_zero, v_scale, v_zero)
+  bool int2_metadata_fp16 = false;        // int2_metadata holds fp16 (8 B per row; pages >= 32 tokens), else fp32
   const int32_t* int2_page_table = nullptr;  // [B, int2_max_pages]
   int int2_max_pages = 0;
   const int32_t* int2_lengths = nullptr;  // [B] INT2 tokens per sequence

@@ -43,6 +43,21 @@ __device__ __forceinline__ float group_scale(float mn, float mx, MetadataRoundin
   if (s == 0.0f) s = type == MetadataRounding::fp16 ? 0x1.0p-24f : 0x1.0p-126f;
   return s;
 }
+// (scale, zero) of destination row dst, as fp32 or (metadata_out_fp16) fp16: exact, the values are rounded to fp16
+// already (check_quantize_pack).
+__device__ __forceinline__ void store_metadata(const QuantizePackParams& p, long dst, float scale, float zero) {
+  const long at = dst * p.metadata_stride + p.metadata_offset;
+  if (p.metadata_out_fp16) {
+    __half* meta = static_cast<__half*>(p.metadata_out) + at;
+    meta[0] = __float2half_rn(scale);
+    meta[1] = __float2half_rn(zero);
+  } else {
+    float* meta = static_cast<float*>(p.metadata_out) + at;
+    meta[0] = scale;
+    meta[1] = zero;
+  }
+}
+
 // std::min / std::max semantics: keep the first argument on ties.
 __device__ __forceinline__ float first_min(float a, float b) { return b < a ? b : a; }
 __device__ __forceinline__ float first_max(float a, float b) { return a < b ? b : a; }
@@ -120,11 +135,7 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
     const unsigned c1 = __shfl_down_sync(0xffffffffu, code[1], 16);
     if (lane < 16) out[lane] = (uint8_t)(code[0] | c0 << 2 | code[1] << 4 | c1 << 6);
   }
-  if (lane == 0) {
-    float* meta = p.metadata_out + dst * p.metadata_stride + p.metadata_offset;
-    meta[0] = scale;
-    meta[1] = zero;
-  }
+  if (lane == 0) store_metadata(p, dst, scale, zero);
 }
 
 template <int D, bool ROTATE>
@@ -238,11 +249,7 @@ __device__ __forceinline__ void store_row_codes(const QuantizePackParams& p, lon
 #pragma unroll
   for (int w = 0; w < WORDS; w += 4)
     *reinterpret_cast<uint4*>(out + 4 * w) = make_uint4(packed[w], packed[w + 1], packed[w + 2], packed[w + 3]);
-  if (metadata) {
-    float* meta = p.metadata_out + dst * p.metadata_stride + p.metadata_offset;
-    meta[0] = scale;
-    meta[1] = zero;
-  }
+  if (metadata) store_metadata(p, dst, scale, zero);
 }
 // All Q bytes of one row's codes and its metadata (thread per row).
 template <int Q>
@@ -1574,6 +1581,8 @@ void check_quantize_pack(const QuantizePackParams& p) {
   require(p.metadata_stride >= 2 && p.metadata_offset >= 0 && p.metadata_offset + 2 <= p.metadata_stride,
           "metadata stride/offset do not fit (scale, zero)");
   require(p.rows == 0 || (p.input && p.codes && p.metadata_out), "null pointer");
+  require(!p.metadata_out_fp16 || p.metadata == MetadataRounding::fp16,
+          "fp16 metadata storage needs metadata rounded to fp16");
 }
 
 void launch_quantize_pack(const QuantizePackParams& p, cudaStream_t stream) {

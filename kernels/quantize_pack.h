@@ -19,7 +19,9 @@ struct QuantizePackParams {
   float clip_ratio = 1.0f;         // (0, 1]; 1 = no clipping
   MetadataRounding metadata = MetadataRounding::fp32;  // rounding of scale and zero (stored as fp32)
   uint8_t* codes = nullptr;        // [*, d/4] indexed by destination row
-  float* metadata_out = nullptr;   // [*, metadata_stride]: scale at +offset, zero at +offset+1
+  void* metadata_out = nullptr;    // [*, metadata_stride]: scale at +offset, zero at +offset+1
+  bool metadata_out_fp16 = false;  // metadata_out holds fp16 values (the fp16 paged layout; needs metadata = fp16),
+                                   // else fp32
   int metadata_stride = 2;         // floats per destination row (4 in the paged layout: k s, k z, v s, v z)
   int metadata_offset = 0;         // 0 for keys, 2 for values in the paged layout
   const int64_t* destination_rows = nullptr;  // [N] destination row of each input row; null = identity

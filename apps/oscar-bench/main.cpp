@@ -119,13 +119,14 @@ int bench_main(int argc, char** argv) {
       "  oscar-bench                                   # Qwen3-8B geometry, batch 1,8,32,64 x context 8K..128K\n"
       "  oscar-bench --batch 1 --context 102400        # the anchor shape\n"
       "  oscar-bench --head-dim 64 --q-heads 16 --kv-heads 16 --batch 8 --context 32K --format csv\n"
-      "  oscar-bench --batch 8,32 --context 32768 --ragged --format json -o bench.json"};
+      "  oscar-bench --batch 8,32 --context 32768 --ragged --format json -o bench.json\n"
+      "  oscar-bench --kernels int2 --int2-metadata fp32,fp16   # both INT2 metadata layouts"};
   CommonOptions common;
   int q_heads = 32, kv_heads = 8, head_dim = 128, sink = 64, recent = 256, int2_page = 64, bf16_page = 64;
   int warmup = 5, iterations = 30, settle_ms = 500, ctas_per_sm = 0;
   long quant_rows = 1 << 20;
   std::string batch_spec = "1,8,32,64", context_spec = "8192,32768,102400,131072", format = "md";
-  std::string kernels_spec = "int2,bf16,quant", flush = "read";
+  std::string kernels_spec = "int2,bf16,quant", flush = "read", metadata_spec = "fp32";
   bool ragged = false;
   app.add_option("--q-heads", q_heads, "query heads (Hq)")->capture_default_str();
   app.add_option("--kv-heads", kv_heads, "KV heads (Hkv); Hq/Hkv must be 1..8")->capture_default_str();
@@ -137,6 +138,10 @@ int bench_main(int argc, char** argv) {
   app.add_option("--recent", recent, "BF16 recent-window tokens of the INT2 cache")->capture_default_str();
   app.add_option("--int2-page", int2_page, "INT2 page size (multiple of 16)")->capture_default_str();
   app.add_option("--bf16-page", bf16_page, "BF16 page size (multiple of 32)")->capture_default_str();
+  app.add_option("--int2-metadata", metadata_spec,
+                 "storage of the INT2 (scale, zero) per token, comma list: fp32 (the reference serving layout, 16 B "
+                 "per token and KV head) and/or fp16 (8 B; pages of >= 32 tokens)")
+      ->capture_default_str();
   app.add_option("--ctas-per-sm", ctas_per_sm, "split planning: resident CTAs per multiprocessor (0: the kernel's occupancy)")->capture_default_str();
   app.add_option("--quant-rows", quant_rows, "rows for the quantise-pack benchmark")->capture_default_str();
   app.add_option("--kernels", kernels_spec, "which benchmarks: int2,bf16,quant")->capture_default_str();
@@ -173,6 +178,12 @@ int bench_main(int argc, char** argv) {
   }
   const std::vector<long> batches = parse_int_list(batch_spec), contexts = parse_int_list(expanded);
   const auto kernel_list = split_list(kernels_spec);
+  const auto metadata_list = split_list(metadata_spec);
+  OSCAR_CHECK(!metadata_list.empty(), "--int2-metadata: give fp32, fp16 or both");
+  for (const auto& m : metadata_list)
+    OSCAR_CHECK(m == "fp32" || m == "fp16", "--int2-metadata: '{}' is not fp32 or fp16", m);
+  OSCAR_CHECK(int2_page >= 32 || std::find(metadata_list.begin(), metadata_list.end(), "fp16") == metadata_list.end(),
+              "--int2-page {}: the fp16 metadata layout needs pages of >= 32 tokens", int2_page);
   auto wants = [&](const char* k) { return std::find(kernel_list.begin(), kernel_list.end(), k) != kernel_list.end(); };
   auto log = [&](const std::string& line) {
     if (!common.quiet) std::fprintf(stderr, "%s\n", line.c_str());
@@ -193,8 +204,8 @@ int bench_main(int argc, char** argv) {
   log(fmt::format("L2 flush before each sample: {}", flush));
 
   ReportTable table;
-  table.fields = {"kernel", "batch", "context", "ragged", "launches", "mbytes", "time_us", "noise_pct", "sm_mhz",
-                  "tbps", "pct_peak", "speedup_vs_bf16", "gpu"};
+  table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "launches", "mbytes", "time_us",
+                  "noise_pct", "sm_mhz", "tbps", "pct_peak", "speedup_vs_bf16", "gpu"};
   table.markdown_precision = 2;
   const std::string gpu = prop.name;
 
@@ -215,9 +226,9 @@ int bench_main(int argc, char** argv) {
     const double copy_tbps = 2.0 * probe_bytes / (copy.median_us * 1e-6) / 1e12;
     const double read_tbps = 1.0 * probe_bytes / (read.median_us * 1e-6) / 1e12;
     peak_tbps = std::max(copy_tbps, read_tbps);
-    table.add_row({std::string("hbm_copy"), 0L, 0L, std::string("-"), 1L, 2.0 * probe_bytes / 1e6, copy.median_us,
+    table.add_row({std::string("hbm_copy"), 0L, 0L, std::string("-"), std::string("-"), 1L, 2.0 * probe_bytes / 1e6, copy.median_us,
                    copy.noise_pct, copy.sm_mhz, copy_tbps, 100.0 * copy_tbps / peak_tbps, std::string("-"), gpu});
-    table.add_row({std::string("hbm_read"), 0L, 0L, std::string("-"), 1L, 1.0 * probe_bytes / 1e6, read.median_us,
+    table.add_row({std::string("hbm_read"), 0L, 0L, std::string("-"), std::string("-"), 1L, 1.0 * probe_bytes / 1e6, read.median_us,
                    read.noise_pct, read.sm_mhz, read_tbps, 100.0 * read_tbps / peak_tbps, std::string("-"), gpu});
     log(fmt::format("HBM: copy {:.2f} TB/s, read {:.2f} TB/s (SM {:.0f} MHz)", copy_tbps, read_tbps, read.sm_mhz));
   }
@@ -248,7 +259,6 @@ int bench_main(int argc, char** argv) {
         size_t free_bytes = 0, total_bytes = 0;
         cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
         const size_t bf16_need = paged_cache_device_bytes(geometry, zeros, lengths);
-        const size_t int2_need = paged_cache_device_bytes(geometry, int2_len, tier_len);
         const size_t qn = static_cast<size_t>(batch) * q_heads * head_dim;
         DeviceBuffer<float> queries(qn), out(qn), rotation_t(static_cast<size_t>(head_dim) * head_dim);
         kernels::launch_fill_random_float(queries.get(), qn, 11, nullptr);
@@ -271,15 +281,19 @@ int bench_main(int argc, char** argv) {
             const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
             bf16_us = t.median_us;
             const long launches = kernels::fused_merge_fits(plan.splits_total(), geometry.group, head_dim) ? 1L : 2L;
-            table.add_row({std::string("bf16_decode"), batch, context, rag_label, launches, bytes / 1e6, t.median_us,
+            table.add_row({std::string("bf16_decode"), batch, context, rag_label, std::string("-"), launches,
+                           bytes / 1e6, t.median_us,
                            t.noise_pct, t.sm_mhz, tbps, pct(tbps), 1.0, gpu});
             log(fmt::format("bf16_decode  B={} L={} {}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz ({} splits)", batch,
                             context, rag_label, t.median_us, tbps, t.sm_mhz, plan.splits_total()));
           }
         }
-        if (wants("int2")) {
+        for (const std::string& metadata : wants("int2") ? metadata_list : std::vector<std::string>{}) {
+          geometry.int2_metadata_fp16 = metadata == "fp16";
+          const size_t int2_need = paged_cache_device_bytes(geometry, int2_len, tier_len);
           if (int2_need > free_bytes * 0.9) {
-            log(fmt::format("skip int2 batch {} context {}: needs {:.1f} GB", batch, context, int2_need / 1e9));
+            log(fmt::format("skip int2 batch {} context {} ({} metadata): needs {:.1f} GB", batch, context, metadata,
+                            int2_need / 1e9));
           } else {
             DevicePagedCache cache;
             cache.allocate_random(geometry, int2_len, tier_len, 200 + context + batch);
@@ -289,15 +303,16 @@ int bench_main(int argc, char** argv) {
             });
             long t2 = std::accumulate(int2_len.begin(), int2_len.end(), 0L);
             long t16 = std::accumulate(tier_len.begin(), tier_len.end(), 0L);
-            const double bytes = 1.0 * t2 * kv_heads * (2 * head_dim / 4 + 16) + 1.0 * t16 * kv_heads * 4 * head_dim;
+            const double bytes = 1.0 * t2 * kv_heads * (2 * head_dim / 4 + geometry.int2_metadata_row_bytes()) +
+                                 1.0 * t16 * kv_heads * 4 * head_dim;
             const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
             const long launches = kernels::fused_merge_fits(plan.splits_total(), geometry.group, head_dim) ? 1L : 2L;
-            table.add_row({std::string("int2_decode"), batch, context, rag_label, launches, bytes / 1e6, t.median_us,
-                           t.noise_pct, t.sm_mhz, tbps, pct(tbps),
+            table.add_row({std::string("int2_decode"), batch, context, rag_label, metadata, launches, bytes / 1e6,
+                           t.median_us, t.noise_pct, t.sm_mhz, tbps, pct(tbps),
                            bf16_us > 0 ? ReportValue(bf16_us / t.median_us) : ReportValue(std::string("-")), gpu});
-            log(fmt::format("int2_decode  B={} L={} {}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz ({}+{} splits, "
+            log(fmt::format("int2_decode  B={} L={} {} {}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz ({}+{} splits, "
                             "chunk {})",
-                            batch, context, rag_label, t.median_us, tbps, t.sm_mhz, plan.int2_splits,
+                            batch, context, rag_label, metadata, t.median_us, tbps, t.sm_mhz, plan.int2_splits,
                             plan.bf16_splits, plan.int2_chunk));
           }
         }
@@ -326,7 +341,7 @@ int bench_main(int argc, char** argv) {
       const double bytes = 1.0 * quant_rows * (head_dim * 4 + head_dim / 4 + 8);
       const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
       table.add_row({std::string(rotate ? "quantize_pack_rotate" : "quantize_pack"), quant_rows, 0L,
-                     std::string("-"), 1L, bytes / 1e6, t.median_us, t.noise_pct, t.sm_mhz, tbps, pct(tbps),
+                     std::string("-"), std::string("fp32"), 1L, bytes / 1e6, t.median_us, t.noise_pct, t.sm_mhz, tbps, pct(tbps),
                      std::string("-"),
                      gpu});
       log(fmt::format("{} rows={}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz",

@@ -50,6 +50,9 @@ class CudaDecodeBackend final : public DecodeBackend {
     geometry.head_dim = d;
     geometry.int2_page_size = 64;
     geometry.bf16_page_size = 64;
+    // fp16 metadata is stored as fp16 (8 bytes per token), as a server would; other types as fp32.
+    geometry.int2_metadata_fp16 = history > 0 && view.history_keys->metadata == MetadataType::fp16 &&
+                                  view.history_values->metadata == MetadataType::fp16;
     std::vector<float> rotation_t;
     if (request.value_rotation) {
       rotation_t.resize(static_cast<size_t>(d) * d);

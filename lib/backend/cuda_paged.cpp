@@ -37,7 +37,13 @@ void DevicePagedCache::upload(const HostPagedCache& host) {
   bf16_page_table.upload(host.bf16_page_table);
   key_codes.upload(host.key_codes);
   value_codes.upload(host.value_codes);
-  int2_metadata.upload(host.int2_metadata);
+  if (geometry.int2_metadata_fp16) {
+    const std::vector<uint16_t> half = int2_metadata_fp16(host);
+    int2_metadata.upload(reinterpret_cast<const uint8_t*>(half.data()), half.size() * sizeof(uint16_t));
+  } else {
+    int2_metadata.upload(reinterpret_cast<const uint8_t*>(host.int2_metadata.data()),
+                         host.int2_metadata.size() * sizeof(float));
+  }
   bf16_keys.upload(host.bf16_keys);
   bf16_values.upload(host.bf16_values);
 }
@@ -65,11 +71,11 @@ size_t paged_cache_device_bytes(const PagedCacheGeometry& g, const std::vector<i
                            g.num_kv_heads * g.int2_page_size;
   const size_t bf16_rows = static_cast<size_t>(sequential_pages(bf16_lengths, g.bf16_page_size).pages) *
                            g.num_kv_heads * g.bf16_page_size;
-  return int2_rows * (2 * g.head_dim / 4 + 16) + bf16_rows * 4 * g.head_dim;
+  return int2_rows * (2 * g.head_dim / 4 + g.int2_metadata_row_bytes()) + bf16_rows * 4 * g.head_dim;
 }
 
 size_t DevicePagedCache::device_bytes() const {
-  return key_codes.size() * 2 + int2_metadata.size() * 4 + bf16_keys.size() * 4;
+  return key_codes.size() * 2 + int2_metadata.size() + bf16_keys.size() * 4;
 }
 
 void DevicePagedCache::allocate_random(const PagedCacheGeometry& g, const std::vector<int32_t>& int2,
@@ -90,12 +96,12 @@ void DevicePagedCache::allocate_random(const PagedCacheGeometry& g, const std::v
   const size_t bf16_rows = static_cast<size_t>(s16.pages) * g.num_kv_heads * g.bf16_page_size;
   key_codes.resize(int2_rows * g.head_dim / 4);
   value_codes.resize(int2_rows * g.head_dim / 4);
-  int2_metadata.resize(int2_rows * 4);
+  int2_metadata.resize(int2_rows * g.int2_metadata_row_bytes());
   bf16_keys.resize(bf16_rows * g.head_dim);
   bf16_values.resize(bf16_rows * g.head_dim);
   kernels::launch_fill_random_bytes(key_codes.get(), key_codes.size(), seed + 1, nullptr);
   kernels::launch_fill_random_bytes(value_codes.get(), value_codes.size(), seed + 2, nullptr);
-  kernels::launch_fill_random_metadata(int2_metadata.get(), int2_rows, seed + 3, nullptr);
+  kernels::launch_fill_random_metadata(int2_metadata.get(), int2_rows, g.int2_metadata_fp16, seed + 3, nullptr);
   kernels::launch_fill_random_bf16(bf16_keys.get(), bf16_keys.size(), seed + 4, nullptr);
   kernels::launch_fill_random_bf16(bf16_values.get(), bf16_values.size(), seed + 5, nullptr);
   cuda_check(cudaGetLastError(), "random fill");
@@ -264,8 +270,8 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
     partial_out_.resize(parts * g.head_dim);
     partial_lse2_.resize(parts);
   }
-  OSCAR_CHECK(cache.int2_metadata.size() / 4 < (size_t{1} << 32), "cuda decode: INT2 pool of {} rows exceeds 2^32",
-              cache.int2_metadata.size() / 4);
+  const size_t int2_rows = cache.int2_metadata.size() / g.int2_metadata_row_bytes();
+  OSCAR_CHECK(int2_rows < (size_t{1} << 32), "cuda decode: INT2 pool of {} rows exceeds 2^32", int2_rows);
   const size_t pairs = static_cast<size_t>(g.batch) * g.num_kv_heads;
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim);
   // Parallel merge: when its CTAs and all splits are resident at once (they wait on the splits).
@@ -288,6 +294,7 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   p.key_codes = cache.key_codes.get();
   p.value_codes = cache.value_codes.get();
   p.int2_metadata = cache.int2_metadata.get();
+  p.int2_metadata_fp16 = g.int2_metadata_fp16;
   p.int2_page_table = cache.int2_page_table.get();
   p.int2_max_pages = cache.int2_max_pages;
   p.int2_lengths = cache.int2_lengths.get();

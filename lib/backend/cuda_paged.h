@@ -60,7 +60,7 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
-// The paged cache on the device, same layout as HostPagedCache.
+// The paged cache on the device, same layout as HostPagedCache; the INT2 metadata as geometry says (fp32 or fp16).
 struct DevicePagedCache {
   PagedCacheGeometry geometry;
   int int2_max_pages = 0, bf16_max_pages = 0;
@@ -69,7 +69,7 @@ struct DevicePagedCache {
   std::vector<int32_t> host_int2_lengths;  // [batch] INT2 tokens per sequence (split planning)
   DeviceBuffer<int32_t> int2_lengths, bf16_lengths, int2_page_table, bf16_page_table;
   DeviceBuffer<uint8_t> key_codes, value_codes;
-  DeviceBuffer<float> int2_metadata;
+  DeviceBuffer<uint8_t> int2_metadata;  // [int2 rows, 4] fp32 or fp16 values
   DeviceBuffer<uint16_t> bf16_keys, bf16_values;
   void upload(const HostPagedCache& host);
   // Benchmark cache built on the device: pages handed out in order, random codes, metadata and bf16.

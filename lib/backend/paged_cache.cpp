@@ -2,6 +2,7 @@
 #include "backend/paged_cache.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 
@@ -25,7 +26,21 @@ int64_t HostPagedCache::bf16_row(int b, int kv, int token) const {
 
 int64_t HostPagedCache::int2_bytes_read() const {
   int64_t tokens = std::accumulate(int2_lengths.begin(), int2_lengths.end(), int64_t{0});
-  return tokens * geometry.num_kv_heads * (2 * geometry.head_dim / 4 + 16);
+  return tokens * geometry.num_kv_heads * (2 * geometry.head_dim / 4 + geometry.int2_metadata_row_bytes());
+}
+
+std::vector<uint16_t> int2_metadata_fp16(const HostPagedCache& cache) {
+  std::vector<uint16_t> half(cache.int2_metadata.size());
+  for (size_t i = 0; i < half.size(); ++i) {
+    const float x = cache.int2_metadata[i];
+    half[i] = float_to_fp16(x);
+    const float back = fp16_to_float(half[i]);
+    OSCAR_CHECK(back == x || (std::isnan(x) && std::isnan(back)),
+                "INT2 metadata row {} ({}) holds {:g}, which is not an fp16 value: quantise with fp16 metadata "
+                "for the fp16 layout",
+                i / 4, i % 4 < 2 ? (i % 2 ? "key zero" : "key scale") : (i % 2 ? "value zero" : "value scale"), x);
+  }
+  return half;
 }
 
 int64_t HostPagedCache::bf16_bytes_read() const {
@@ -63,6 +78,8 @@ HostPagedCache make_paged_cache(const PagedCacheGeometry& geometry, const std::v
               g.int2_page_size);
   OSCAR_CHECK(g.bf16_page_size >= 32 && g.bf16_page_size % 32 == 0, "BF16 page size {} is not a multiple of 32",
               g.bf16_page_size);
+  OSCAR_CHECK(!g.int2_metadata_fp16 || g.int2_page_size >= 32,
+              "INT2 page size {}: the fp16 metadata layout needs pages of >= 32 tokens", g.int2_page_size);
   OSCAR_CHECK(static_cast<int>(int2_lengths.size()) == g.batch && static_cast<int>(bf16_lengths.size()) == g.batch,
               "paged cache: {} sequences but {} INT2 and {} BF16 lengths", g.batch, int2_lengths.size(),
               bf16_lengths.size());

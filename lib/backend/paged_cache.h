@@ -17,11 +17,16 @@ struct PagedCacheGeometry {
   int head_dim = 128;  // 64, 128 or 256 on the GPU
   int int2_page_size = 64;  // multiple of 16
   int bf16_page_size = 64;  // multiple of 32
+  // Storage of the INT2 metadata on the device: fp32 (the reference serving layout, 16 bytes per token and KV
+  // head: 2 + 64/d bits per element) or fp16 (8 bytes: 2 + 32/d bits; the values must be fp16 values, i.e.
+  // quantised with fp16 metadata; INT2 pages of >= 32 tokens).
+  bool int2_metadata_fp16 = false;
   int num_q_heads() const { return num_kv_heads * group; }
+  int int2_metadata_row_bytes() const { return int2_metadata_fp16 ? 8 : 16; }
 };
 
-// Rows are addressed as ((page * Hkv + kv) * page_size + slot). INT2 metadata per row is 4 floats:
-// (key scale, key zero, value scale, value zero), i.e. 16 bytes per token and KV head.
+// Rows are addressed as ((page * Hkv + kv) * page_size + slot). INT2 metadata per row is 4 values:
+// (key scale, key zero, value scale, value zero), held here as floats whatever the device storage.
 struct HostPagedCache {
   PagedCacheGeometry geometry;
   std::vector<int32_t> int2_lengths, bf16_lengths;  // [B] tokens per sequence in each tier
@@ -34,9 +39,13 @@ struct HostPagedCache {
 
   int64_t int2_row(int b, int kv, int token) const;  // destination row of token t of (b, kv)
   int64_t bf16_row(int b, int kv, int token) const;
-  int64_t int2_bytes_read() const;  // codes + metadata of every live INT2 token
+  int64_t int2_bytes_read() const;  // codes + metadata (as stored on the device) of every live INT2 token
   int64_t bf16_bytes_read() const;  // keys + values of every live BF16 token
 };
+
+// The INT2 metadata as fp16 bits, for the fp16 device layout; throws oscar::Error naming the first value that is
+// not an fp16 value (metadata quantised as fp32 or bf16).
+std::vector<uint16_t> int2_metadata_fp16(const HostPagedCache& cache);
 
 // Allocates pools and page tables for the given lengths; pages are handed out in a shuffled order
 // (seeded) so that page-table indirection is exercised. Contents are zero.

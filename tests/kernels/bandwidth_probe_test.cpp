@@ -7,6 +7,7 @@
 
 #include "backend/cuda_paged.h"
 #include "bandwidth_probe.h"
+#include "common/float16.h"
 
 namespace oscar {
 namespace {
@@ -30,10 +31,13 @@ TEST(BandwidthProbe, CopyProbeCopiesEveryWord) {
 TEST(BandwidthProbe, RandomFillsStayInTheirRanges) {
   const size_t rows = 10007;
   DeviceBuffer<float> meta(rows * 4), x(rows);
-  kernels::launch_fill_random_metadata(meta.get(), rows, 3, nullptr);
+  DeviceBuffer<uint16_t> meta16(rows * 4);
+  kernels::launch_fill_random_metadata(meta.get(), rows, false, 3, nullptr);
+  kernels::launch_fill_random_metadata(meta16.get(), rows, true, 3, nullptr);
   kernels::launch_fill_random_float(x.get(), rows, 4, nullptr);
   cuda_check(cudaDeviceSynchronize(), "fills");
   const std::vector<float> m = meta.download(), v = x.download();
+  const std::vector<uint16_t> m16 = meta16.download();
   for (size_t i = 0; i < m.size(); ++i) {
     if (i % 2 == 0) {
       ASSERT_GE(m[i], 0.3f) << i;
@@ -42,6 +46,7 @@ TEST(BandwidthProbe, RandomFillsStayInTheirRanges) {
       ASSERT_GE(m[i], 1.0f) << i;
       ASSERT_LT(m[i], 2.0f) << i;
     }
+    ASSERT_EQ(fp16_to_float(m16[i]), round_to_fp16(m[i])) << i;  // the same values, rounded to fp16
   }
   for (float f : v) ASSERT_TRUE(f >= -2.0f && f < 2.0f) << f;
 }

@@ -36,6 +36,8 @@ struct DecodeCase {
   std::vector<int> split_starts;  // non-empty: this INT2 split table instead of the planner's splits
   bool expect_planned_table = false;  // the planner itself must choose a split table
   int expect_min_int2_splits = 0;     // the planner must choose at least this many INT2 splits
+  MetadataType metadata = MetadataType::fp32;  // rounding of the INT2 (scale, zero)
+  bool fp16_storage = false;                   // the fp16 metadata layout on the device (needs fp16 rounding)
 };
 
 HostPagedCache random_cache(const DecodeCase& c, uint64_t seed) {
@@ -46,11 +48,12 @@ HostPagedCache random_cache(const DecodeCase& c, uint64_t seed) {
   g.head_dim = c.dim;
   g.int2_page_size = c.int2_page;
   g.bf16_page_size = c.bf16_page;
+  g.int2_metadata_fp16 = c.fp16_storage;
   HostPagedCache cache = make_paged_cache(g, c.int2_lengths, c.bf16_lengths, seed);
   QuantizerConfig kc, vc;
   kc.clip_ratio = 0.96f;
   vc.clip_ratio = 0.92f;
-  kc.metadata = vc.metadata = MetadataType::fp32;
+  kc.metadata = vc.metadata = c.metadata;
   for (int b = 0; b < g.batch; ++b)
     for (int kv = 0; kv < g.num_kv_heads; ++kv) {
       const uint64_t s = seed * 1000 + b * 16 + kv;
@@ -65,7 +68,8 @@ HostPagedCache random_cache(const DecodeCase& c, uint64_t seed) {
   return cache;
 }
 
-void run_case(const DecodeCase& c) {
+// Returns the GPU output.
+std::vector<float> run_case(const DecodeCase& c) {
   SCOPED_TRACE(c.label);
   HostPagedCache host = random_cache(c, 17);
   const auto& g = host.geometry;
@@ -119,15 +123,16 @@ void run_case(const DecodeCase& c) {
   decoder.run(dev, plan, dq.get(), static_cast<float>(scale), c.rotate ? drot.get() : nullptr, dout.get());
   cuda_check(cudaDeviceSynchronize(), "decode (second call)");
   auto again = dout.download();
-  for (size_t i = 0; i < out.size(); ++i)
-    ASSERT_TRUE(std::memcmp(&out[i], &again[i], sizeof(float)) == 0) << "second call differs at " << i;
-  for (size_t i = 0; i < out.size(); ++i) ASSERT_TRUE(std::isfinite(out[i])) << "output " << i << " not written";
+  EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * sizeof(float)), 0) << "the second call differs";
+  EXPECT_EQ(std::count_if(out.begin(), out.end(), [](float v) { return !std::isfinite(v); }), 0)
+      << "outputs not written (NaN poison left) or not finite";
   const double err = test::relative_error(out, ref);
   const double own = test::relative_error(ref_bf16q, ref);
   ::testing::Test::RecordProperty("rel_err", std::to_string(err));
   EXPECT_LE(err, 2.0 * own + 0.00048828125) << "rel err " << err << ", bf16-q reference error " << own << ", splits "
                                    << plan.int2_splits << "+" << plan.bf16_splits;
   EXPECT_LT(err, 5e-3);
+  return out;
 }
 
 TEST(PagedDecode, ContextLengthsAroundPageBoundaries) {
@@ -238,6 +243,43 @@ TEST(PagedDecode, GqaRatiosAndHeadDims) {
   run_case({128, 3, 3, {900}, {100}, 32, 32, 8, true, "odd group 3"});
 }
 
+TEST(PagedDecode, Fp16MetadataLayoutGivesTheFp32LayoutsBits) {
+  // The same fp16-rounded metadata stored as fp16 (8 bytes per token) and as fp32: the kernels widen the fp16
+  // values exactly, so both layouts must give the same bits, on every kernel: batch 1 (parallel merge,
+  // register-staged loads), the last-CTA merge (cp.async ring), split tables, pages of 32 to 256 tokens, d 64 to
+  // 256, and ragged lengths ending inside tiles.
+  struct Layout {
+    int dim, group, kv_heads;
+    std::vector<int32_t> int2, bf16;
+    int page;
+    bool parallel;
+    std::vector<int> split_starts;
+    std::string label;
+  };
+  const std::vector<int> table{0, 1152, 1536, 1664, 2560, 2816, 3200, 3328};
+  const std::vector<Layout> layouts{
+      {64, 8, 1, {20000}, {300}, 64, true, {}, "d=64 parallel merge"},
+      {128, 4, 2, {5000}, {320}, 64, true, {}, "d=128 parallel merge"},
+      {256, 4, 2, {5000}, {320}, 32, true, {}, "d=256 parallel merge, page 32"},
+      {128, 4, 2, {5000}, {320}, 64, false, {}, "d=128 last-CTA merge"},
+      {64, 4, 3, {3328, 1600, 1, 2816}, {320, 0, 5, 64}, 64, false, table, "d=64 split table"},
+      {128, 4, 3, {3328, 1600, 1, 2816}, {320, 0, 5, 64}, 32, false, table, "d=128 split table, page 32"},
+      {256, 8, 2, {4097, 1000, 63}, {7, 320, 0}, 256, false, {}, "d=256 ragged, page 256"},
+      {128, 1, 8, {20000, 1, 700}, {320, 320, 320}, 128, false, {}, "d=128 g=1 ragged, page 128"}};
+  for (const Layout& l : layouts) {
+    DecodeCase c{l.dim, l.group, l.kv_heads, l.int2, l.bf16, l.page, 64, 4, true, l.label};
+    c.parallel_merge = l.parallel;
+    c.split_starts = l.split_starts;
+    c.metadata = MetadataType::fp16;
+    const std::vector<float> fp32_layout = run_case(c);
+    c.fp16_storage = true;
+    c.label += ", fp16 layout";
+    const std::vector<float> fp16_layout = run_case(c);
+    ASSERT_EQ(fp16_layout.size(), fp32_layout.size());
+    EXPECT_EQ(std::memcmp(fp16_layout.data(), fp32_layout.data(), fp32_layout.size() * sizeof(float)), 0) << l.label;
+  }
+}
+
 TEST(PagedDecode, RefusesUnsupportedShapes) {
   kernels::PagedDecodeParams p;
   p.batch = 1, p.num_kv_heads = 1, p.group = 4, p.head_dim = 96;
@@ -253,6 +295,11 @@ TEST(PagedDecode, RefusesUnsupportedShapes) {
   p.int2_metadata = dummy.data(), p.int2_page_table = p.int2_lengths = idummy.data();
   EXPECT_THROW(kernels::check_paged_decode(p), std::invalid_argument);
   p.int2_page_size = 64;
+  EXPECT_NO_THROW(kernels::check_paged_decode(p));
+  // The fp16 metadata layout needs pages of >= 32 tokens.
+  p.int2_metadata_fp16 = true, p.int2_page_size = 16;
+  EXPECT_THROW(kernels::check_paged_decode(p), std::invalid_argument);
+  p.int2_page_size = 32;
   EXPECT_NO_THROW(kernels::check_paged_decode(p));
 }
 

@@ -14,6 +14,7 @@
 
 #include "backend/cuda_paged.h"
 #include "backend/paged_cache.h"
+#include "common/float16.h"
 #include "gpu_test_util.h"
 #include "quantize_pack.h"
 
@@ -69,33 +70,45 @@ TEST_P(QuantizePackExact, BitIdenticalToCpuQuantizer) {
                                offset, dst.data());
 
   DeviceBuffer<float> dx, dmeta;
+  DeviceBuffer<uint16_t> dmeta16;
   DeviceBuffer<uint8_t> dcodes;
   DeviceBuffer<int64_t> ddst;
   dx.upload(x);
   ddst.upload(dst);
-  dcodes.upload(std::vector<uint8_t>(ref_codes.size(), 0xAB));  // poison
-  dmeta.upload(std::vector<float>(ref_meta.size(), 0.f));
-  kernels::QuantizePackParams p;
-  p.rows = c.rows;
-  p.head_dim = d;
-  p.input = dx.get();
-  p.clip_ratio = c.clip;
-  p.metadata = rounding_of(c.metadata);
-  p.codes = dcodes.get();
-  p.metadata_out = dmeta.get();
-  p.metadata_stride = stride;
-  p.metadata_offset = offset;
-  p.destination_rows = ddst.get();
-  kernels::launch_quantize_pack(p, nullptr);
-  cuda_check(cudaGetLastError(), "launch");
-  cuda_check(cudaDeviceSynchronize(), "sync");
-  auto codes = dcodes.download();
-  auto meta = dmeta.download();
-  long code_mismatch = 0, meta_mismatch = 0;
-  for (size_t i = 0; i < codes.size(); ++i) code_mismatch += codes[i] != ref_codes[i];
-  for (size_t i = 0; i < meta.size(); ++i) meta_mismatch += std::memcmp(&meta[i], &ref_meta[i], 4) != 0;
-  EXPECT_EQ(code_mismatch, 0) << "packed bytes differ";
-  EXPECT_EQ(meta_mismatch, 0) << "metadata bits differ";
+  // fp32 metadata storage, and with fp16 metadata also the fp16 layout (the same values as fp16 bits).
+  for (bool fp16_storage : {false, true}) {
+    if (fp16_storage && c.metadata != MetadataType::fp16) continue;
+    SCOPED_TRACE(fp16_storage ? "fp16 metadata storage" : "fp32 metadata storage");
+    dcodes.upload(std::vector<uint8_t>(ref_codes.size(), 0xAB));  // poison
+    dmeta.upload(std::vector<float>(ref_meta.size(), 0.f));
+    dmeta16.upload(std::vector<uint16_t>(ref_meta.size(), 0));
+    kernels::QuantizePackParams p;
+    p.rows = c.rows;
+    p.head_dim = d;
+    p.input = dx.get();
+    p.clip_ratio = c.clip;
+    p.metadata = rounding_of(c.metadata);
+    p.codes = dcodes.get();
+    p.metadata_out = fp16_storage ? static_cast<void*>(dmeta16.get()) : dmeta.get();
+    p.metadata_out_fp16 = fp16_storage;
+    p.metadata_stride = stride;
+    p.metadata_offset = offset;
+    p.destination_rows = ddst.get();
+    kernels::launch_quantize_pack(p, nullptr);
+    cuda_check(cudaGetLastError(), "launch");
+    cuda_check(cudaDeviceSynchronize(), "sync");
+    auto codes = dcodes.download();
+    std::vector<float> meta = dmeta.download();
+    if (fp16_storage) {
+      const std::vector<uint16_t> half = dmeta16.download();
+      for (size_t i = 0; i < meta.size(); ++i) meta[i] = fp16_to_float(half[i]);
+    }
+    long code_mismatch = 0, meta_mismatch = 0;
+    for (size_t i = 0; i < codes.size(); ++i) code_mismatch += codes[i] != ref_codes[i];
+    for (size_t i = 0; i < meta.size(); ++i) meta_mismatch += std::memcmp(&meta[i], &ref_meta[i], 4) != 0;
+    EXPECT_EQ(code_mismatch, 0) << "packed bytes differ";
+    EXPECT_EQ(meta_mismatch, 0) << "metadata bits differ";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -126,8 +139,9 @@ struct RotatedRun {
   std::vector<float> ref_meta, meta;
 };
 
+// fp16_storage: the kernel writes the metadata as fp16 (needs fp16 metadata); run.meta holds them as floats.
 RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& rot, long rows, int d, float clip = 0.96f,
-                       MetadataType metadata = MetadataType::fp32) {
+                       MetadataType metadata = MetadataType::fp32, bool fp16_storage = false) {
   QuantizerConfig config;
   config.clip_ratio = clip;
   config.metadata = metadata;
@@ -137,6 +151,7 @@ RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& ro
   quantize_pack_rows_reference(x.data(), rows, d, rot.data(), config, run.ref_codes.data(), run.ref_meta.data(), 2,
                                0, nullptr);
   DeviceBuffer<float> dx, drot, dmeta(run.ref_meta.size());
+  DeviceBuffer<uint16_t> dmeta16(run.ref_meta.size());
   DeviceBuffer<uint8_t> dcodes(run.ref_codes.size());
   dx.upload(x);
   drot.upload(rot);
@@ -148,12 +163,19 @@ RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& ro
   p.clip_ratio = clip;
   p.metadata = rounding_of(metadata);
   p.codes = dcodes.get();
-  p.metadata_out = dmeta.get();
+  p.metadata_out = fp16_storage ? static_cast<void*>(dmeta16.get()) : dmeta.get();
+  p.metadata_out_fp16 = fp16_storage;
   kernels::launch_quantize_pack(p, nullptr);
   cuda_check(cudaGetLastError(), "launch");
   cuda_check(cudaDeviceSynchronize(), "sync");
   run.codes = dcodes.download();
-  run.meta = dmeta.download();
+  if (fp16_storage) {
+    const std::vector<uint16_t> half = dmeta16.download();
+    run.meta.resize(half.size());
+    for (size_t i = 0; i < half.size(); ++i) run.meta[i] = fp16_to_float(half[i]);
+  } else {
+    run.meta = dmeta.download();
+  }
   return run;
 }
 
@@ -283,12 +305,16 @@ TEST(QuantizePack, RotationBySignedPermutationBitIdentical) {
       const int n = column[k], shift = c.spread_columns ? 2 * (n % 13) - 12 : n % 5 - 2;
       rot[static_cast<size_t>(k) * d + n] = std::ldexp((k * 7 + n) % 3 ? 1.0f : -1.0f, shift);
     }
-    const RotatedRun run = run_rotated(x, rot, c.rows, d, c.clip, c.metadata);
-    long code_mismatch = 0, meta_mismatch = 0;
-    for (size_t i = 0; i < run.codes.size(); ++i) code_mismatch += run.codes[i] != run.ref_codes[i];
-    for (size_t i = 0; i < run.meta.size(); ++i) meta_mismatch += std::memcmp(&run.meta[i], &run.ref_meta[i], 4) != 0;
-    EXPECT_EQ(code_mismatch, 0) << "d " << d << " rows " << c.rows;
-    EXPECT_EQ(meta_mismatch, 0) << "d " << d << " rows " << c.rows;
+    // With fp16 metadata also into the fp16 layout.
+    for (bool fp16_storage : {false, true}) {
+      if (fp16_storage && c.metadata != MetadataType::fp16) continue;
+      const RotatedRun run = run_rotated(x, rot, c.rows, d, c.clip, c.metadata, fp16_storage);
+      long code_mismatch = 0, meta_mismatch = 0;
+      for (size_t i = 0; i < run.codes.size(); ++i) code_mismatch += run.codes[i] != run.ref_codes[i];
+      for (size_t i = 0; i < run.meta.size(); ++i) meta_mismatch += std::memcmp(&run.meta[i], &run.ref_meta[i], 4) != 0;
+      EXPECT_EQ(code_mismatch, 0) << "d " << d << " rows " << c.rows << (fp16_storage ? ", fp16 storage" : "");
+      EXPECT_EQ(meta_mismatch, 0) << "d " << d << " rows " << c.rows << (fp16_storage ? ", fp16 storage" : "");
+    }
   }
 }
 
@@ -297,6 +323,13 @@ TEST(QuantizePack, RefusesUnsupportedShapes) {
   p.rows = 1;
   p.head_dim = 96;
   EXPECT_THROW(kernels::check_quantize_pack(p), std::invalid_argument);
+  // fp16 metadata storage holds only fp16-rounded metadata.
+  std::vector<float> dummy(128);
+  p.head_dim = 128, p.input = dummy.data(), p.codes = reinterpret_cast<uint8_t*>(dummy.data());
+  p.metadata_out = dummy.data(), p.metadata_out_fp16 = true, p.metadata = kernels::MetadataRounding::fp32;
+  EXPECT_THROW(kernels::check_quantize_pack(p), std::invalid_argument);
+  p.metadata = kernels::MetadataRounding::fp16;
+  EXPECT_NO_THROW(kernels::check_quantize_pack(p));
 }
 
 }  // namespace

@@ -71,6 +71,40 @@ TEST(PagedCache, RejectsBadPageSizes) {
   PagedCacheGeometry g;
   g.int2_page_size = 24;
   EXPECT_THROW(make_paged_cache(g, {1}, {1}), Error);
+  g.int2_page_size = 16, g.int2_metadata_fp16 = true;  // the fp16 metadata layout: pages of >= 32 tokens
+  EXPECT_THROW(make_paged_cache(g, {1}, {1}), Error);
+  g.int2_page_size = 32;
+  EXPECT_NO_THROW(make_paged_cache(g, {1}, {1}));
+}
+
+TEST(PagedCache, Fp16MetadataLayout) {
+  PagedCacheGeometry g;
+  g.batch = 2, g.num_kv_heads = 2, g.group = 2, g.head_dim = 64, g.int2_page_size = 32, g.bf16_page_size = 32;
+  g.int2_metadata_fp16 = true;
+  HostPagedCache cache = make_paged_cache(g, {70, 33}, {5, 0}, 3);
+  // Bytes read per live token and KV head: d/4 codes for K and V + 4 fp16 values (fp32: 16 bytes).
+  EXPECT_EQ(cache.int2_bytes_read(), (70 + 33) * 2 * (2 * 64 / 4 + 8));
+  QuantizerConfig config;
+  config.metadata = MetadataType::fp16;
+  for (int b = 0; b < 2; ++b)
+    for (int kv = 0; kv < 2; ++kv) {
+      const int n = cache.int2_lengths[b];
+      auto k = normal(static_cast<size_t>(n) * 64, 10 + 2 * b + kv), v = normal(static_cast<size_t>(n) * 64, 20 + 2 * b + kv);
+      fill_int2_tier(cache, b, kv, k.data(), v.data(), n, config, config);
+    }
+  const std::vector<uint16_t> half = int2_metadata_fp16(cache);
+  ASSERT_EQ(half.size(), cache.int2_metadata.size());
+  for (size_t i = 0; i < half.size(); ++i) ASSERT_EQ(fp16_to_float(half[i]), cache.int2_metadata[i]) << i;
+  // fp32 metadata is not fp16 values: refused, naming the row.
+  config.metadata = MetadataType::fp32;
+  auto k = normal(70 * 64, 1), v = normal(70 * 64, 2);
+  fill_int2_tier(cache, 0, 1, k.data(), v.data(), 70, config, config);
+  try {
+    int2_metadata_fp16(cache);
+    FAIL() << "fp32 metadata accepted by the fp16 layout";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not an fp16 value"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
