@@ -185,7 +185,7 @@ constexpr int meta_row_bytes() {
 // read there each stage: computed from the lane id in the loop they cost ~20 ALU instructions per stage
 // (at 128 registers ptxas rematerialises them rather than hold them); a __constant__ table indexed by
 // lane serialises (batch 32 / 32K 235 -> 279 us). k: row tile_token(gid) of the K codes at word tq * KW
-// (row gid + 8: + 8 Q); meta: that row's (scale, zero) pairs (+ 128 for gid + 8); v: this lane's row
+// (row gid + 8: + 8 Q); meta: that row's (scale, zero) pairs (+ 8 rows for gid + 8); v: this lane's row
 // address of the V ldmatrix: matrix m = (lane / 8) % 4 of the first ldmatrix, (hi, s) = (m / NX, m % NX)
 // (the second, at D = 256, is hi = 1: + 8 rows), row lane % 8 = token tile_token(lane % 8) + 8 hi.
 template <int D, bool M16>

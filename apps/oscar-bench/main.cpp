@@ -226,10 +226,11 @@ int bench_main(int argc, char** argv) {
     const double copy_tbps = 2.0 * probe_bytes / (copy.median_us * 1e-6) / 1e12;
     const double read_tbps = 1.0 * probe_bytes / (read.median_us * 1e-6) / 1e12;
     peak_tbps = std::max(copy_tbps, read_tbps);
-    table.add_row({std::string("hbm_copy"), 0L, 0L, std::string("-"), std::string("-"), 1L, 2.0 * probe_bytes / 1e6, copy.median_us,
-                   copy.noise_pct, copy.sm_mhz, copy_tbps, 100.0 * copy_tbps / peak_tbps, std::string("-"), gpu});
-    table.add_row({std::string("hbm_read"), 0L, 0L, std::string("-"), std::string("-"), 1L, 1.0 * probe_bytes / 1e6, read.median_us,
-                   read.noise_pct, read.sm_mhz, read_tbps, 100.0 * read_tbps / peak_tbps, std::string("-"), gpu});
+    const std::string dash("-");
+    table.add_row({std::string("hbm_copy"), 0L, 0L, dash, dash, 1L, 2.0 * probe_bytes / 1e6, copy.median_us,
+                   copy.noise_pct, copy.sm_mhz, copy_tbps, 100.0 * copy_tbps / peak_tbps, dash, gpu});
+    table.add_row({std::string("hbm_read"), 0L, 0L, dash, dash, 1L, 1.0 * probe_bytes / 1e6, read.median_us,
+                   read.noise_pct, read.sm_mhz, read_tbps, 100.0 * read_tbps / peak_tbps, dash, gpu});
     log(fmt::format("HBM: copy {:.2f} TB/s, read {:.2f} TB/s (SM {:.0f} MHz)", copy_tbps, read_tbps, read.sm_mhz));
   }
   auto pct = [&](double tbps) { return 100.0 * tbps / peak_tbps; };
@@ -341,9 +342,8 @@ int bench_main(int argc, char** argv) {
       const double bytes = 1.0 * quant_rows * (head_dim * 4 + head_dim / 4 + 8);
       const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
       table.add_row({std::string(rotate ? "quantize_pack_rotate" : "quantize_pack"), quant_rows, 0L,
-                     std::string("-"), std::string("fp32"), 1L, bytes / 1e6, t.median_us, t.noise_pct, t.sm_mhz, tbps, pct(tbps),
-                     std::string("-"),
-                     gpu});
+                     std::string("-"), std::string("fp32"), 1L, bytes / 1e6, t.median_us, t.noise_pct, t.sm_mhz, tbps,
+                     pct(tbps), std::string("-"), gpu});
       log(fmt::format("{} rows={}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz",
                       rotate ? "quantize_pack_rotate" : "quantize_pack", quant_rows, t.median_us, tbps, t.sm_mhz));
     }

@@ -89,7 +89,8 @@ TEST(PagedCache, Fp16MetadataLayout) {
   for (int b = 0; b < 2; ++b)
     for (int kv = 0; kv < 2; ++kv) {
       const int n = cache.int2_lengths[b];
-      auto k = normal(static_cast<size_t>(n) * 64, 10 + 2 * b + kv), v = normal(static_cast<size_t>(n) * 64, 20 + 2 * b + kv);
+      auto k = normal(static_cast<size_t>(n) * 64, 10 + 2 * b + kv);
+      auto v = normal(static_cast<size_t>(n) * 64, 20 + 2 * b + kv);
       fill_int2_tier(cache, b, kv, k.data(), v.data(), n, config, config);
     }
   const std::vector<uint16_t> half = int2_metadata_fp16(cache);
