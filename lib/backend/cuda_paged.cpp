@@ -171,6 +171,7 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     // (finer splits never won in the model on batches 2-128 at 4K-128K; the bound keeps a plan within
     // ~7 ms on a 2-core machine for batches 8-1024 at 100K, against ~160 ms at batch 256 without it).
     constexpr long kMaxRaggedWaves = 16;
+    constexpr long kShortSplit = 2304;
     const bool ragged = cache.min_int2_length < cache.max_int2_length &&
                         cache.host_int2_lengths.size() == static_cast<size_t>(g.batch);
     double best = 0;
@@ -188,9 +189,14 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
       // 128-token step with 2, 1.29 with 4: an SM streams 1.32x more with 4, its CTAs run 1.52x
       // slower; batch 1 / 100K 38.3 / 35.0 / 39.1 us for 40 / 47 / 54 splits of 2560 / 2176 / 1920).
       const long bf16_splits = cache.max_bf16_length > 0 ? (cache.max_bf16_length + longest_bf16(chunk) - 1) / longest_bf16(chunk) : 0;
-      // Only where the merge CTAs take at most 1/8 of the slots (batch 1 at g <= 4): at batch 2 / 100K
-      // 24 splits planned this way took 67.4 us against 62.5 us for 32 splits merged by the last CTA.
-      const bool fits = 8 * merge_ctas <= resident && pairs * (splits + bf16_splits) + merge_ctas <= resident;
+      // The merge CTAs hold slots that splits could stream in. A split count is costed as a parallel-merge
+      // grid where they take at most 1/8 of the slots (batch 1 at g <= 4), or at most half of them with
+      // splits of <= kShortSplit tokens, whose time the last CTA's serial merge would lengthen most (H200,
+      // same call: batch 1 / 32K at g = 8 24.6 -> 22.1 us, d = 256 39.0 -> 32.0; batch 2 / 32K at Hkv = 4,
+      // g = 7 24.3 -> 20.1; but batch 2 / 100K at g = 4, 24 splits of 4224, 55.3 -> 61.4 us, and batch 1 /
+      // 128K at g = 8, 47 splits of 2816, 44.2 -> 46.8).
+      const bool merge_share = 8 * merge_ctas <= resident || (2 * merge_ctas <= resident && chunk <= kShortSplit);
+      const bool fits = merge_share && pairs * (splits + bf16_splits) + merge_ctas <= resident;
       if (fits) {
         const long per_sm = (pairs * splits + num_sms - 1) / num_sms;
         const double slowdown = per_sm <= 2 ? 1.0 : 1.0 + 0.26 * static_cast<double>(per_sm - 2);
@@ -214,7 +220,9 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     const long q16 = kernels::kBf16SplitQuantum;
     const long int2_ctas = pairs * plan.int2_splits;
     long free_slots = int2_ctas > 0 ? (int2_ctas + slots - 1) / slots * slots - int2_ctas : slots;
-    if (parallel) free_slots = std::min(free_slots, resident - int2_ctas - merge_ctas);
+    // A whole number of BF16 splits per pair, so that the grid the INT2 plan fitted stays one wave
+    // (choose_split_chunk rounds the splits up).
+    if (parallel) free_slots = std::min(free_slots, (resident - int2_ctas - merge_ctas) / pairs * pairs);
     const long longest = longest_bf16(plan.int2_chunk);
     const long min_splits = int2_ctas > 0 ? (cache.max_bf16_length + longest - 1) / longest : 1;
     plan.bf16_chunk = kernels::choose_split_chunk(cache.max_bf16_length, g.batch, g.num_kv_heads,
