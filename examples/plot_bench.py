@@ -4,7 +4,8 @@ shape, one bar per run (e.g. a short-burst run and a sustained one), against the
 times against the context length per batch, next to PyTorch SDPA when its table is given.
 
 usage: examples/plot_bench.py RUN.csv [RUN2.csv ...] [--labels burst,sustained] [--torch torch.md]
-                              [--kernel int2_decode] [--out DIR] [--prefix bench] [--title TEXT]
+                              [--kernel int2_decode] [--uniform] [--min-mbytes MB] [--out DIR]
+                              [--prefix bench] [--title TEXT]
 
 RUN.csv: `oscar-bench --format csv` output. torch.md: `examples/bench_vs_torch.py` output (markdown).
 """
@@ -74,7 +75,8 @@ def plot_share(plt, runs, labels, out, prefix, title):
     for rows in runs:
         by_shape = {(int(r["batch"]), int(r["context"]), r["ragged"]): r for r in rows}
         values.append([by_shape.get(s) for s in shapes])
-    fig, ax = plt.subplots(figsize=(max(6.4, 0.45 * len(shapes) * max(1, len(runs))), 4.6))
+    bars = len(shapes) * max(1, len(runs))
+    fig, ax = plt.subplots(figsize=(max(6.4, min(0.45 * bars, 4 + 0.2 * bars)), 4.6))
     width = 0.8 / len(runs)
     for i, (run, label) in enumerate(zip(values, labels)):
         xs = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(shapes))]
@@ -93,7 +95,8 @@ def plot_share(plt, runs, labels, out, prefix, title):
     ax.set_ylim(0, 100)
     ax.set_title(f"{title}INT2 decode: share of the HBM read peak")
     ax.grid(True, axis="y", alpha=0.3)
-    legend = ax.legend(fontsize=8, loc="upper left")
+    # Many runs: the legend goes right of the axes, where it hides no bar.
+    legend = ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0) if len(runs) > 2 else None)
     for handle in getattr(legend, "legend_handles", getattr(legend, "legendHandles", [])):
         handle.set_alpha(1.0)  # the first bars may be faded ones
     return save(fig, out, f"{prefix}_pct_peak.png")
@@ -133,6 +136,9 @@ def main():
     parser.add_argument("--labels", help="comma list, one per run (default: the file names)")
     parser.add_argument("--torch", help="examples/bench_vs_torch.py output (markdown), for the time plot")
     parser.add_argument("--kernel", default="int2_decode", help="kernel rows to plot (int2_decode, bf16_decode)")
+    parser.add_argument("--uniform", action="store_true", help="uniform batches only (no ragged rows)")
+    parser.add_argument("--min-mbytes", type=float, default=0.0,
+                        help="only calls reading at least this many MB (e.g. 256: the target's calls)")
     parser.add_argument("--out", default=".", help="folder for the PNG files")
     parser.add_argument("--prefix", default="bench", help="file name prefix: PREFIX_{pct_peak,time}.png")
     parser.add_argument("--title", default="", help="text put before each plot title, e.g. the GPU")
@@ -141,6 +147,11 @@ def main():
     if len(labels) != len(args.runs):
         parser.error(f"--labels has {len(labels)} names for {len(args.runs)} runs")
     runs = [read_bench(path, args.kernel) for path in args.runs]
+    for path, rows in zip(args.runs, runs):
+        rows[:] = [r for r in rows if (not args.uniform or r["ragged"] != "ragged") and
+                   float(r["mbytes"]) >= args.min_mbytes]
+        if not rows:
+            sys.exit(f"error: {path}: no '{args.kernel}' rows left after --uniform / --min-mbytes")
     # A run with both INT2 metadata layouts (oscar-bench --int2-metadata fp32,fp16) becomes one series per layout.
     split_runs, split_labels = [], []
     for rows, label in zip(runs, labels):
