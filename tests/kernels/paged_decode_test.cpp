@@ -36,6 +36,7 @@ struct DecodeCase {
   std::vector<int> split_starts;  // non-empty: this INT2 split table instead of the planner's splits
   bool expect_planned_table = false;  // the planner itself must choose a split table
   int expect_min_int2_splits = 0;     // the planner must choose at least this many INT2 splits
+  bool expect_parallel_merge = false;  // the planned grid (splits + merge CTAs) must fit one wave
   MetadataType metadata = MetadataType::fp32;  // rounding of the INT2 (scale, zero)
   bool fp16_storage = false;                   // the fp16 metadata layout on the device (needs fp16 rounding)
 };
@@ -112,6 +113,12 @@ std::vector<float> run_case(const DecodeCase& c) {
   EXPECT_GE(plan.int2_splits, c.expect_min_int2_splits) << c.label;
   if (c.expect_planned_table)
     EXPECT_EQ(plan.int2_split_start.size(), static_cast<size_t>(plan.int2_splits) + 1) << c.label << ": no split table";
+  if (c.expect_parallel_merge) {
+    const long pairs = static_cast<long>(g.batch) * g.num_kv_heads;
+    const long grid = pairs * (plan.splits_total() + kernels::parallel_merge_parts(g.group, d));
+    EXPECT_LE(grid, static_cast<long>(cuda_multiprocessor_count()) * kernels::paged_decode_ctas_per_sm(d))
+        << c.label << ": " << plan.int2_splits << " + " << plan.bf16_splits << " splits, no parallel merge";
+  }
   plan.parallel_merge = c.parallel_merge;
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, d);
   ::testing::Test::RecordProperty("fused_merge", fused ? "yes" : "no");
@@ -225,6 +232,20 @@ TEST(PagedDecode, OneWaveUniformBatchTakesEqualSplitTable) {
                "one-wave uniform batch, equal split table"};
   c.expect_planned_table = true;
   run_case(c);
+}
+
+TEST(PagedDecode, ShortSplitsArePlannedForTheParallelMerge) {
+  // Merge CTAs that take more than 1/8 of the slots (g = 8: 16 per pair at d = 128): the planner costs short
+  // splits as a parallel-merge grid, and the BF16 splits it adds keep that grid one wave. The second case
+  // (Hkv = 32, ragged) once got 4 + 3 splits there, one BF16 split too many for the wave. Plans for the
+  // 132 multiprocessors of an H100 SXM / H200.
+  if (cuda_multiprocessor_count() < 132) GTEST_SKIP() << "plans checked for 132 multiprocessors";
+  DecodeCase g8{128, 8, 8, {32000}, {320}, 64, 64, 4, true, "g = 8, batch 1, 32000 INT2 tokens"};
+  g8.expect_parallel_merge = true;
+  run_case(g8);
+  DecodeCase mha{128, 1, 32, {2000, 7872}, {320, 320}, 64, 64, 4, true, "Hkv = 32, ragged batch 2"};
+  mha.expect_parallel_merge = true;
+  run_case(mha);
 }
 
 TEST(PagedDecode, UnfusedMergeForManySplits) {
