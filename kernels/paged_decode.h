@@ -14,7 +14,8 @@ namespace oscar::kernels {
 
 constexpr int kDecodeMaxGroup = 8;      // query heads per KV head handled by one CTA
 constexpr int kDecodeWarps = 4;         // warps per CTA
-constexpr int kInt2SplitQuantum = 128;  // INT2 tokens per split: a multiple of this (4 warps x 2 tiles x 16)
+constexpr int kInt2SplitQuantum = 128;  // INT2 tokens per split: a multiple of this (4 warps x 2 tiles x 16;
+                                        // a CTA step at d = 64 is two quanta: 4 tiles per warp)
 constexpr int kBf16SplitQuantum = 128;  // BF16 tokens per split: a multiple of this (4 warps x 32)
 constexpr int kDecodeMaxTableSplits = 64;  // INT2 splits of a split table
 

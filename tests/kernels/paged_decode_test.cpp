@@ -250,9 +250,9 @@ TEST(PagedDecode, ShortSplitsArePlannedForTheParallelMerge) {
 
 TEST(PagedDecode, UnfusedMergeForManySplits) {
   // d = 64, g = 8: more 128-token splits than the fused merge's scratch holds -> two launches.
-  DecodeCase c{64, 8, 1, {100000}, {50}, 64, 64, 4, false, "unfused merge, 782 splits"};
+  DecodeCase c{64, 8, 1, {150000}, {50}, 64, 64, 4, false, "unfused merge, 1172 splits"};
   c.force_int2_chunk = 128;
-  ASSERT_FALSE(kernels::fused_merge_fits(782 + 1, 8, 64));
+  ASSERT_FALSE(kernels::fused_merge_fits(1172 + 1, 8, 64));
   run_case(c);
 }
 
