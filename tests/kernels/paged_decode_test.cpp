@@ -199,11 +199,12 @@ TEST(PagedDecode, ParallelMergeRoundsAndLastCtaMerge) {
 }
 
 TEST(PagedDecode, SplitTableOfUnequalSplits) {
-  // Splits of 1 to 9 quanta, split-major; lengths ending inside, at and before split edges; pages of 16 and
-  // 64 tokens. Where the parallel merge runs instead, the table is ignored (chunks of its largest split).
+  // Splits of 1 to 9 quanta, split-major; lengths ending inside, at and before split edges; pages of 16, 32
+  // and 64 tokens (at d = 64 a warp's stage of 64 tokens spans two 32-token pages). Where the parallel merge
+  // runs instead, the table is ignored (chunks of its largest split).
   const std::vector<int> starts{0, 1152, 1536, 1664, 2560, 2816, 3200, 3328};
   for (int d : {64, 128, 256})
-    for (int page : {16, 64})
+    for (int page : {16, 32, 64})
       for (bool parallel : {false, true}) {
         DecodeCase c{d, 4, 3, {3328, 1600, 1, 2816}, {320, 0, 5, 64}, page, 64, 4, true,
                      "split table, d=" + std::to_string(d) + ", page " + std::to_string(page) +
@@ -280,6 +281,8 @@ TEST(PagedDecode, Fp16MetadataLayoutGivesTheFp32LayoutsBits) {
   const std::vector<int> table{0, 1152, 1536, 1664, 2560, 2816, 3200, 3328};
   const std::vector<Layout> layouts{
       {64, 8, 1, {20000}, {300}, 64, true, {}, "d=64 parallel merge"},
+      {64, 4, 1, {5000}, {320}, 32, true, {}, "d=64 parallel merge, page 32"},
+      {64, 4, 2, {5000, 4099}, {320, 17}, 32, false, {}, "d=64 last-CTA merge, page 32"},
       {128, 4, 2, {5000}, {320}, 64, true, {}, "d=128 parallel merge"},
       {256, 4, 2, {5000}, {320}, 32, true, {}, "d=256 parallel merge, page 32"},
       {128, 4, 2, {5000}, {320}, 64, false, {}, "d=128 last-CTA merge"},
