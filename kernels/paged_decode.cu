@@ -3,8 +3,8 @@
 // INT2 path. Each warp runs its own cp.async pipeline (STAGES deep; the batch-1 kernels load through
 // registers instead, see int2_cta's STAGED) that copies whole 16-token tiles (K codes [16, d/4], V codes
 // [16, d/4], metadata [16, 4] fp32 or fp16: contiguous in a page) into its shared-memory ring, two tiles per
-// stage (four at d = 64), and computes on them with mma.sync, the g <= 8 query heads of the KV head as the n = 8 columns,
-// so each byte read serves every query head. No dequantisation:
+// stage (four at d = 64), and computes on them with mma.sync, the g <= 8 query heads of the KV head as the
+// n = 8 columns, so each byte read serves every query head. No dequantisation:
 // q.k_hat = s (q.c - z sum q) and sum_t w_t v_hat_t = sum_t w_t s_t (c_t - z_t).
 // Q.K on int8 tensor cores (m16n8k32, codes unsigned, query signed, exact int32 sums): one AND per 4
 // codes puts each byte's code of one quarter at bits 4-5 or 6-7, i.e. 16c or 64c as an unsigned int8
