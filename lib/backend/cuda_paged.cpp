@@ -270,6 +270,15 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
   return plan;
 }
 
+bool runs_parallel_merge(const PagedCacheGeometry& g, const CudaDecodePlan& plan) {
+  // Its CTAs wait on the splits, so they and all splits must be resident at once.
+  const long pairs = static_cast<long>(g.batch) * g.num_kv_heads;
+  return plan.parallel_merge && kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim) &&
+         kernels::parallel_merge_fits(plan.splits_total(), g.head_dim) &&
+         pairs * (plan.splits_total() + kernels::parallel_merge_parts(g.group, g.head_dim)) <=
+             static_cast<long>(cuda_multiprocessor_count()) * kernels::paged_decode_ctas_per_sm(g.head_dim);
+}
+
 void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& plan, const float* queries,
                            float softmax_scale, const float* value_rotation_t, float* out, cudaStream_t stream) {
   const auto& g = cache.geometry;
@@ -282,11 +291,8 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   OSCAR_CHECK(int2_rows < (size_t{1} << 32), "cuda decode: INT2 pool of {} rows exceeds 2^32", int2_rows);
   const size_t pairs = static_cast<size_t>(g.batch) * g.num_kv_heads;
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim);
-  // Parallel merge: when its CTAs and all splits are resident at once (they wait on the splits).
   const int merge_parts = kernels::parallel_merge_parts(g.group, g.head_dim);
-  const bool parallel = fused && plan.parallel_merge && kernels::parallel_merge_fits(plan.splits_total(), g.head_dim) &&
-                        static_cast<long>(pairs) * (plan.splits_total() + merge_parts) <=
-                            static_cast<long>(cuda_multiprocessor_count()) * kernels::paged_decode_ctas_per_sm(g.head_dim);
+  const bool parallel = runs_parallel_merge(g, plan);
   if (fused && counters_.size() < 2 * pairs) {  // [pairs] arrivals, [pairs] parallel-merge done counts
     counters_.resize(2 * pairs);
     cuda_check(cudaMemsetAsync(counters_.get(), 0, 2 * pairs * sizeof(unsigned), stream), "cudaMemsetAsync");

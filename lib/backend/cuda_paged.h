@@ -98,6 +98,9 @@ struct CudaDecodePlan {
   int splits_total() const { return int2_splits + bf16_splits; }
 };
 CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int ctas_per_sm = 0);
+// Whether CudaPagedDecoder::run merges this plan's splits by parallel merge CTAs in the same grid (the plan
+// allows it, the merge fits, and the whole grid is resident at once on this GPU).
+bool runs_parallel_merge(const PagedCacheGeometry& geometry, const CudaDecodePlan& plan);
 int cuda_multiprocessor_count();
 
 // Runs decode on stream: one launch (split-K partials, merged and un-rotated by the pair's parallel

@@ -36,7 +36,7 @@ struct DecodeCase {
   std::vector<int> split_starts;  // non-empty: this INT2 split table instead of the planner's splits
   bool expect_planned_table = false;  // the planner itself must choose a split table
   int expect_min_int2_splits = 0;     // the planner must choose at least this many INT2 splits
-  bool expect_parallel_merge = false;  // the planned grid (splits + merge CTAs) must fit one wave
+  bool expect_parallel_merge = false;  // the plan must run with the parallel merge (its grid fits one wave)
   MetadataType metadata = MetadataType::fp32;  // rounding of the INT2 (scale, zero)
   bool fp16_storage = false;                   // the fp16 metadata layout on the device (needs fp16 rounding)
 };
@@ -113,12 +113,9 @@ std::vector<float> run_case(const DecodeCase& c) {
   EXPECT_GE(plan.int2_splits, c.expect_min_int2_splits) << c.label;
   if (c.expect_planned_table)
     EXPECT_EQ(plan.int2_split_start.size(), static_cast<size_t>(plan.int2_splits) + 1) << c.label << ": no split table";
-  if (c.expect_parallel_merge) {
-    const long pairs = static_cast<long>(g.batch) * g.num_kv_heads;
-    const long grid = pairs * (plan.splits_total() + kernels::parallel_merge_parts(g.group, d));
-    EXPECT_LE(grid, static_cast<long>(cuda_multiprocessor_count()) * kernels::paged_decode_ctas_per_sm(d))
+  if (c.expect_parallel_merge)
+    EXPECT_TRUE(runs_parallel_merge(g, plan))
         << c.label << ": " << plan.int2_splits << " + " << plan.bf16_splits << " splits, no parallel merge";
-  }
   plan.parallel_merge = c.parallel_merge;
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, d);
   ::testing::Test::RecordProperty("fused_merge", fused ? "yes" : "no");
