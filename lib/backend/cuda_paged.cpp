@@ -232,19 +232,23 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
   if (plan.splits_total() == 0) plan.bf16_splits = 1;  // every split empty: the output is zeros
   // A multiprocessor runs the CTAs it received first ahead of its later ones (H200, batch 64 / 8K: four
   // equal CTAs started together on one multiprocessor ended after 82, 94, 108 and 123 us), so a wave of
-  // equal CTAs ends over a long stretch. Where the INT2 CTAs make two waves, they go split-major with split
-  // sizes falling linearly from 1.3 to 0.7 times the mean: the first wave gets the largest pieces, and the
-  // smallest fill the multiprocessors that finish first (H200, same call, two rounds: batch 8 / 100K 176.8
-  // -> 171.2 us, 32 / 32K 217.9 -> ~215 us with sizes 35:30:20:15 or 30:27:23:20). Uniform batches only:
-  // with ragged lengths the largest pieces of short sequences are empty or short, and the table cost up to
-  // 5 % (ragged batch 8 / 100K 132.9 -> 137.8 us, 8 / 128K 164.7 -> 173.5).
-  const long int2_ctas = pairs * plan.int2_splits;
+  // equal CTAs ends over a long stretch. Where the INT2 CTAs make two or more waves, they go split-major with
+  // split sizes falling linearly from `first` to 2 - `first` times the mean: the first waves get the largest
+  // pieces, and the smallest fill the multiprocessors that finish first. Two waves: 1.3 -> 0.7 (H200, same
+  // call, two rounds: batch 8 / 100K 176.8 -> 171.2 us, 32 / 32K 217.9 -> ~215 us with sizes 35:30:20:15 or
+  // 30:27:23:20; 1.5 -> 0.5 was up to 1.4 % slower). Three or more: 1.7 -> 0.3 (H200, against equal splits, same
+  // call, two rounds, 35 shapes of 3-9 waves in five geometries: geometric mean -1.2 %, up to -4 %, e.g.
+  // Qwen3-8B 16 / 128K 385.5 -> 372.5 us, 32 / 100K 589.2 -> 574.6; worst +0.5 %, Gemma-2-9B 8 / 100K).
+  // Uniform batches only: with ragged lengths the largest pieces of short sequences are empty or short, and
+  // the table cost up to 5 % (ragged batch 8 / 100K 132.9 -> 137.8 us, 8 / 128K 164.7 -> 173.5).
+  const long int2_ctas = pairs * plan.int2_splits, int2_waves = (int2_ctas + slots - 1) / slots;
   if (!parallel && cache.min_int2_length == cache.max_int2_length && plan.int2_splits >= 2 &&
-      plan.int2_splits <= kernels::kDecodeMaxTableSplits && (int2_ctas + slots - 1) / slots == 2) {
+      plan.int2_splits <= kernels::kDecodeMaxTableSplits && int2_waves >= 2) {
     const long q = kernels::kInt2SplitQuantum, quanta = (cache.max_int2_length + q - 1) / q;
     const int splits = plan.int2_splits;
+    const double first = int2_waves == 2 ? 1.3 : 1.7;
     std::vector<double> cumulative(splits + 1, 0.0);
-    for (int s = 0; s < splits; ++s) cumulative[s + 1] = cumulative[s] + 1.3 - 0.6 * s / (splits - 1);
+    for (int s = 0; s < splits; ++s) cumulative[s + 1] = cumulative[s] + first - 2 * (first - 1) * s / (splits - 1);
     plan.int2_split_start.assign(splits + 1, 0);
     int largest = 0;
     for (int s = 1; s <= splits; ++s) {

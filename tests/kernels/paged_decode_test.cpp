@@ -232,6 +232,43 @@ TEST(PagedDecode, OneWaveUniformBatchTakesEqualSplitTable) {
   run_case(c);
 }
 
+TEST(PagedDecode, MultiWaveUniformBatchesTakeFallingSplitTables) {
+  // Planner only (no cache allocated): uniform batches whose INT2 CTAs make two or more waves on 132
+  // multiprocessors get a split table whose sizes fall from ~1.3 (two waves) or ~1.7 (more) times the mean;
+  // every split is a whole number of quanta, none empty, and the table ends at the sequence's last quantum.
+  struct Shape {
+    int batch, length;
+    double first;
+  };
+  for (const Shape& s : {Shape{8, 102080, 1.3}, Shape{32, 32448, 1.3}, Shape{16, 102080, 1.7}, Shape{64, 130752, 1.7}}) {
+    SCOPED_TRACE("batch " + std::to_string(s.batch) + " / " + std::to_string(s.length));
+    DevicePagedCache cache;
+    cache.geometry.batch = s.batch;
+    cache.geometry.num_kv_heads = 8;
+    cache.geometry.group = 4;
+    cache.geometry.head_dim = 128;
+    cache.max_int2_length = cache.min_int2_length = s.length;
+    cache.host_int2_lengths.assign(s.batch, s.length);
+    cache.max_bf16_length = 320;
+    const CudaDecodePlan plan = plan_cuda_decode(cache, 132, 4);
+    const long ctas = 8L * s.batch * plan.int2_splits;
+    ASSERT_GT(ctas, 132 * 4) << "one wave: not a multi-wave shape";
+    ASSERT_EQ(plan.int2_split_start.size(), static_cast<size_t>(plan.int2_splits) + 1) << "no split table";
+    const auto& st = plan.int2_split_start;
+    EXPECT_EQ(st.front(), 0);
+    const int q = kernels::kInt2SplitQuantum;
+    EXPECT_EQ(st.back(), (s.length + q - 1) / q * q) << "the table must end at the last quantum";
+    for (size_t i = 1; i < st.size(); ++i) {
+      EXPECT_GT(st[i], st[i - 1]) << "split " << i - 1 << " empty";
+      EXPECT_EQ(st[i] % q, 0);
+    }
+    const double mean = static_cast<double>(st.back()) / plan.int2_splits;
+    EXPECT_NEAR((st[1] - st[0]) / mean, s.first, 0.1) << "first split";
+    EXPECT_NEAR((st.back() - st[st.size() - 2]) / mean, 2 - s.first, 0.1) << "last split";
+    EXPECT_EQ(plan.int2_chunk, st[1] - st[0]) << "int2_chunk: the largest split";
+  }
+}
+
 TEST(PagedDecode, ShortSplitsArePlannedForTheParallelMerge) {
   // Merge CTAs that take more than 1/8 of the slots (g = 8: 16 per pair at d = 128): the planner costs short
   // splits as a parallel-merge grid, and the BF16 splits it adds keep that grid one wave. The second case
