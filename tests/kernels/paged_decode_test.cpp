@@ -240,7 +240,8 @@ TEST(PagedDecode, MultiWaveUniformBatchesTakeFallingSplitTables) {
     int batch, length;
     double first;
   };
-  for (const Shape& s : {Shape{8, 102080, 1.3}, Shape{32, 32448, 1.3}, Shape{16, 102080, 1.7}, Shape{64, 130752, 1.7}}) {
+  const Shape shapes[] = {{8, 102080, 1.3}, {32, 32448, 1.3}, {16, 102080, 1.7}, {64, 130752, 1.7}};
+  for (const Shape& s : shapes) {
     SCOPED_TRACE("batch " + std::to_string(s.batch) + " / " + std::to_string(s.length));
     DevicePagedCache cache;
     cache.geometry.batch = s.batch;
