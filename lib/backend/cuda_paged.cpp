@@ -297,6 +297,14 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim);
   const int merge_parts = kernels::parallel_merge_parts(g.group, g.head_dim);
   const bool parallel = runs_parallel_merge(g, plan);
+  const bool table = !parallel && plan.int2_split_start.size() == static_cast<size_t>(plan.int2_splits) + 1;
+  // A plan made by hand must cover every token: the kernel reads only its splits' ranges.
+  const long int2_cover = table ? plan.int2_split_start.back() : static_cast<long>(plan.int2_splits) * plan.int2_chunk;
+  OSCAR_CHECK(int2_cover >= cache.max_int2_length, "cuda decode: the plan's INT2 splits cover {} of {} tokens", int2_cover,
+              cache.max_int2_length);
+  OSCAR_CHECK(static_cast<long>(plan.bf16_splits) * plan.bf16_chunk >= cache.max_bf16_length,
+              "cuda decode: the plan's BF16 splits cover {} of {} tokens",
+              static_cast<long>(plan.bf16_splits) * plan.bf16_chunk, cache.max_bf16_length);
   if (fused && counters_.size() < 2 * pairs) {  // [pairs] arrivals, [pairs] parallel-merge done counts
     counters_.resize(2 * pairs);
     cuda_check(cudaMemsetAsync(counters_.get(), 0, 2 * pairs * sizeof(unsigned), stream), "cudaMemsetAsync");
@@ -328,7 +336,7 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   p.bf16_chunk = plan.bf16_chunk;
   p.partial_out = partial_out_.get();
   p.partial_lse2 = partial_lse2_.get();
-  if (!parallel && plan.int2_split_start.size() == static_cast<size_t>(plan.int2_splits) + 1) {
+  if (table) {
     p.int2_split_table = true;
     std::copy(plan.int2_split_start.begin(), plan.int2_split_start.end(), p.int2_split_start);
   }

@@ -17,6 +17,7 @@
 #include "backend/cuda_paged.h"
 #include "backend/decode_backend.h"
 #include "backend/paged_cache.h"
+#include "common/error.h"
 #include "common/float16.h"
 #include "gpu_test_util.h"
 #include "paged_decode.h"
@@ -360,6 +361,31 @@ TEST(PagedDecode, RefusesUnsupportedShapes) {
   EXPECT_THROW(kernels::check_paged_decode(p), std::invalid_argument);
   p.int2_page_size = 32;
   EXPECT_NO_THROW(kernels::check_paged_decode(p));
+}
+
+TEST(PagedDecode, RefusesAPlanThatDoesNotCoverTheCache) {
+  // A plan made by hand with too few splits (or a split table that ends early) would leave tokens unread.
+  DecodeCase c{128, 4, 2, {3000, 2000}, {320, 100}, 64, 64, 4, true, "coverage"};
+  HostPagedCache host = random_cache(c, 5);
+  DevicePagedCache dev;
+  dev.upload(host);
+  const size_t qn = static_cast<size_t>(c.int2_lengths.size()) * c.kv_heads * c.group * c.dim;
+  DeviceBuffer<float> dq(qn), dout(qn);
+  CudaPagedDecoder decoder;
+  CudaDecodePlan plan;
+  plan.int2_chunk = 1024, plan.int2_splits = 3, plan.bf16_chunk = 128, plan.bf16_splits = 3;
+  plan.parallel_merge = false;
+  const auto run = [&] { decoder.run(dev, plan, dq.get(), 0.1f, nullptr, dout.get()); };
+  EXPECT_NO_THROW(run());
+  plan.int2_splits = 2;  // 2048 of 3000 INT2 tokens
+  EXPECT_THROW(run(), Error);
+  plan.int2_splits = 3, plan.bf16_splits = 2;  // 256 of 320 BF16 tokens
+  EXPECT_THROW(run(), Error);
+  plan.bf16_splits = 3, plan.int2_split_start = {0, 1024, 2048, 2944};  // a table that ends before 3000
+  EXPECT_THROW(run(), Error);
+  plan.int2_split_start.back() = 3072;
+  EXPECT_NO_THROW(run());
+  cuda_check(cudaDeviceSynchronize(), "decode");
 }
 
 TEST(CudaDecodeBackend, MatchesCpuBackend) {
