@@ -104,9 +104,10 @@ bool runs_parallel_merge(const PagedCacheGeometry& geometry, const CudaDecodePla
 int cuda_multiprocessor_count();
 
 // Runs decode on stream: one launch (split-K partials, merged and un-rotated by the pair's parallel
-// merge CTAs in the same grid or by the last CTA of each (sequence, KV head)) or, when the splits do not fit the fused merge's scratch, two (partials, then
-// decode_merge). queries and out are device pointers [B, Hq, d]; value_rotation_t is R_V^T [d, d] on
-// the device or null. INT2 pages must be a power of two >= 16 tokens.
+// merge CTAs in the same grid or by the last CTA of each (sequence, KV head)) or, when the splits do not
+// fit the fused merge's scratch, two (partials, then decode_merge). queries and out are device pointers
+// [B, Hq, d]; value_rotation_t is R_V^T [d, d] on the device or null. INT2 pages must be a power of two
+// >= 16 tokens. Throws oscar::Error when the plan's splits do not cover the longest tier of the cache.
 class CudaPagedDecoder {
  public:
   void run(const DevicePagedCache& cache, const CudaDecodePlan& plan, const float* queries, float softmax_scale,
