@@ -204,8 +204,15 @@ int bench_main(int argc, char** argv) {
   log(fmt::format("L2 flush before each sample: {}", flush));
 
   ReportTable table;
-  table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "launches", "mbytes", "time_us",
-                  "noise_pct", "sm_mhz", "tbps", "pct_peak", "speedup_vs_bf16", "gpu"};
+  // int2_splits / bf16_splits / split_plan: the decode's split plan (split_plan: parallel-merge, table = a split
+  // table of falling or equal sizes merged by the last CTA, equal = equal chunks merged by the last CTA).
+  table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "launches", "int2_splits", "bf16_splits",
+                  "split_plan", "mbytes", "time_us", "noise_pct", "sm_mhz", "tbps", "pct_peak", "speedup_vs_bf16", "gpu"};
+  const auto split_plan = [](const PagedCacheGeometry& g, const CudaDecodePlan& plan) {
+    return std::string(runs_parallel_merge(g, plan) ? "parallel-merge"
+                       : plan.int2_split_start.empty() ? "equal"
+                                                        : "table");
+  };
   table.markdown_precision = 2;
   const std::string gpu = prop.name;
 
@@ -227,10 +234,10 @@ int bench_main(int argc, char** argv) {
     const double read_tbps = 1.0 * probe_bytes / (read.median_us * 1e-6) / 1e12;
     peak_tbps = std::max(copy_tbps, read_tbps);
     const std::string dash("-");
-    table.add_row({std::string("hbm_copy"), 0L, 0L, dash, dash, 1L, 2.0 * probe_bytes / 1e6, copy.median_us,
-                   copy.noise_pct, copy.sm_mhz, copy_tbps, 100.0 * copy_tbps / peak_tbps, dash, gpu});
-    table.add_row({std::string("hbm_read"), 0L, 0L, dash, dash, 1L, 1.0 * probe_bytes / 1e6, read.median_us,
-                   read.noise_pct, read.sm_mhz, read_tbps, 100.0 * read_tbps / peak_tbps, dash, gpu});
+    table.add_row({std::string("hbm_copy"), 0L, 0L, dash, dash, 1L, dash, dash, dash, 2.0 * probe_bytes / 1e6,
+                   copy.median_us, copy.noise_pct, copy.sm_mhz, copy_tbps, 100.0 * copy_tbps / peak_tbps, dash, gpu});
+    table.add_row({std::string("hbm_read"), 0L, 0L, dash, dash, 1L, dash, dash, dash, 1.0 * probe_bytes / 1e6,
+                   read.median_us, read.noise_pct, read.sm_mhz, read_tbps, 100.0 * read_tbps / peak_tbps, dash, gpu});
     log(fmt::format("HBM: copy {:.2f} TB/s, read {:.2f} TB/s (SM {:.0f} MHz)", copy_tbps, read_tbps, read.sm_mhz));
   }
   auto pct = [&](double tbps) { return 100.0 * tbps / peak_tbps; };
@@ -283,7 +290,8 @@ int bench_main(int argc, char** argv) {
             bf16_us = t.median_us;
             const long launches = kernels::fused_merge_fits(plan.splits_total(), geometry.group, head_dim) ? 1L : 2L;
             table.add_row({std::string("bf16_decode"), batch, context, rag_label, std::string("-"), launches,
-                           bytes / 1e6, t.median_us,
+                           static_cast<long>(plan.int2_splits), static_cast<long>(plan.bf16_splits),
+                           split_plan(geometry, plan), bytes / 1e6, t.median_us,
                            t.noise_pct, t.sm_mhz, tbps, pct(tbps), 1.0, gpu});
             log(fmt::format("bf16_decode  B={} L={} {}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz ({} splits)", batch,
                             context, rag_label, t.median_us, tbps, t.sm_mhz, plan.splits_total()));
@@ -308,7 +316,9 @@ int bench_main(int argc, char** argv) {
                                  1.0 * t16 * kv_heads * 4 * head_dim;
             const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
             const long launches = kernels::fused_merge_fits(plan.splits_total(), geometry.group, head_dim) ? 1L : 2L;
-            table.add_row({std::string("int2_decode"), batch, context, rag_label, metadata, launches, bytes / 1e6,
+            table.add_row({std::string("int2_decode"), batch, context, rag_label, metadata, launches,
+                           static_cast<long>(plan.int2_splits), static_cast<long>(plan.bf16_splits),
+                           split_plan(geometry, plan), bytes / 1e6,
                            t.median_us, t.noise_pct, t.sm_mhz, tbps, pct(tbps),
                            bf16_us > 0 ? ReportValue(bf16_us / t.median_us) : ReportValue(std::string("-")), gpu});
             log(fmt::format("int2_decode  B={} L={} {} {}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz ({}+{} splits, "
@@ -342,7 +352,8 @@ int bench_main(int argc, char** argv) {
       const double bytes = 1.0 * quant_rows * (head_dim * 4 + head_dim / 4 + 8);
       const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
       table.add_row({std::string(rotate ? "quantize_pack_rotate" : "quantize_pack"), quant_rows, 0L,
-                     std::string("-"), std::string("fp32"), 1L, bytes / 1e6, t.median_us, t.noise_pct, t.sm_mhz, tbps,
+                     std::string("-"), std::string("fp32"), 1L, std::string("-"), std::string("-"), std::string("-"),
+                     bytes / 1e6, t.median_us, t.noise_pct, t.sm_mhz, tbps,
                      pct(tbps), std::string("-"), gpu});
       log(fmt::format("{} rows={}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz",
                       rotate ? "quantize_pack_rotate" : "quantize_pack", quant_rows, t.median_us, tbps, t.sm_mhz));
