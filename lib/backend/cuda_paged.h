@@ -101,6 +101,9 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
 // Whether CudaPagedDecoder::run merges this plan's splits by parallel merge CTAs in the same grid (the plan
 // allows it, the merge fits, and the whole grid is resident at once on this GPU).
 bool runs_parallel_merge(const PagedCacheGeometry& geometry, const CudaDecodePlan& plan);
+// Whether CudaPagedDecoder::run takes the plan's INT2 split table (int2_split_start) rather than equal chunks:
+// the plan has one and is not merged in parallel.
+bool runs_split_table(const PagedCacheGeometry& geometry, const CudaDecodePlan& plan);
 int cuda_multiprocessor_count();
 
 // Runs decode on stream: one launch (split-K partials, merged and un-rotated by the pair's parallel
