@@ -209,7 +209,8 @@ int bench_main(int argc, char** argv) {
   table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "launches", "int2_splits", "bf16_splits",
                   "split_plan", "mbytes", "time_us", "noise_pct", "sm_mhz", "tbps", "pct_peak", "speedup_vs_bf16", "gpu"};
   const auto split_plan = [](const PagedCacheGeometry& g, const CudaDecodePlan& plan) {
-    return std::string(runs_parallel_merge(g, plan) ? "parallel-merge" : runs_split_table(g, plan) ? "table" : "equal");
+    const bool parallel = runs_parallel_merge(g, plan);
+    return std::string(parallel ? "parallel-merge" : runs_split_table(plan, parallel) ? "table" : "equal");
   };
   table.markdown_precision = 2;
   const std::string gpu = prop.name;

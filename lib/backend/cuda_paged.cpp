@@ -283,8 +283,8 @@ bool runs_parallel_merge(const PagedCacheGeometry& g, const CudaDecodePlan& plan
              static_cast<long>(cuda_multiprocessor_count()) * kernels::paged_decode_ctas_per_sm(g.head_dim);
 }
 
-bool runs_split_table(const PagedCacheGeometry& g, const CudaDecodePlan& plan) {
-  return !runs_parallel_merge(g, plan) && plan.int2_split_start.size() == static_cast<size_t>(plan.int2_splits) + 1;
+bool runs_split_table(const CudaDecodePlan& plan, bool parallel_merge) {
+  return !parallel_merge && plan.int2_split_start.size() == static_cast<size_t>(plan.int2_splits) + 1;
 }
 
 void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& plan, const float* queries,
@@ -301,7 +301,7 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim);
   const int merge_parts = kernels::parallel_merge_parts(g.group, g.head_dim);
   const bool parallel = runs_parallel_merge(g, plan);
-  const bool table = runs_split_table(g, plan);
+  const bool table = runs_split_table(plan, parallel);
   // A plan made by hand must cover every token: the kernel reads only its splits' ranges.
   const long int2_cover = table ? plan.int2_split_start.back() : static_cast<long>(plan.int2_splits) * plan.int2_chunk;
   OSCAR_CHECK(int2_cover >= cache.max_int2_length, "cuda decode: the plan's INT2 splits cover {} of {} tokens", int2_cover,

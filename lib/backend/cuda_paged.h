@@ -102,8 +102,8 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
 // allows it, the merge fits, and the whole grid is resident at once on this GPU).
 bool runs_parallel_merge(const PagedCacheGeometry& geometry, const CudaDecodePlan& plan);
 // Whether CudaPagedDecoder::run takes the plan's INT2 split table (int2_split_start) rather than equal chunks:
-// the plan has one and is not merged in parallel.
-bool runs_split_table(const PagedCacheGeometry& geometry, const CudaDecodePlan& plan);
+// the plan has one and is not merged in parallel (parallel_merge: runs_parallel_merge's answer).
+bool runs_split_table(const CudaDecodePlan& plan, bool parallel_merge);
 int cuda_multiprocessor_count();
 
 // Runs decode on stream: one launch (split-K partials, merged and un-rotated by the pair's parallel
