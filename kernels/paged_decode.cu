@@ -234,7 +234,11 @@ constexpr int smem_bytes() {
 // faster on these short CTAs (H200, d = 128: batch 1 / 8K 14.2 -> 13.6 us, 100K 32.1 -> 31.5 us), slower
 // on the large grids (all kernels this way: 32 / 100K 590 -> 614 us), where more stages need to fly.
 // M16: the metadata is fp16 (8 bytes per row, read as 8 bytes and widened in the loop), else fp32.
-template <int D, bool PAIRED, bool SPEC = false, bool STAGED = false, bool M16 = false>
+// BLOCKS (the split-table kernels): the page-table entries of 32 runs come in one read per lane, a block ahead,
+// and each stage takes its own by a shuffle: ~8 instructions fewer per warp stage than a read per stage (H200:
+// uniform shapes 0.2-2.4 % faster, d = 64 up to 1.9 %). Not in the main kernel: its ragged one-wave shapes lost
+// 1.5-2.6 % (8 / 32K, 8 / 100K, 8 / 128K), for a reason not found.
+template <int D, bool PAIRED, bool SPEC = false, bool STAGED = false, bool M16 = false, bool BLOCKS = false>
 __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* ring, int b, int kv, int t_begin,
                          int t_end, const int (*spec_pages)[Int2Geom<D>::TILES] = nullptr) {
   using G = Int2Geom<D>;
@@ -261,14 +265,36 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   uint8_t* wring = ring + warp * G::WARP_BYTES;
   const int nsteps = (t_end - t_begin + G::STEP - 1) / G::STEP;
   auto tile_start = [&](int k, int t) { return t_begin + k * G::STEP + (warp * TILES + t) * 16; };
+  // Page-table entries, one per run of tiles in one page (a tile, or with PAIRED a pair). BLOCKS: lane i holds the
+  // entry of run i % RUNS of stage kb + i / RUNS, read for SPB stages at once, a block ahead, and a stage takes its
+  // entries by shuffles instead of a read of its own.
+  static_assert(!(BLOCKS && STAGED), "the staged prologue reads its entries by stage");
+  constexpr int RUN = PAIRED ? 2 : 1, RUNS = TILES / RUN, SPB = 32 / RUNS;
+  int page_block = 0, page_next = 0;
+  auto read_block = [&](int kb) {
+    const int tok = tile_start(kb + lane / RUNS, (lane % RUNS) * RUN);
+    return tok < t_end ? __ldg(table + ((uint32_t)tok >> page_shift)) : 0;
+  };
   auto load_pages = [&](int k, int (&pg)[TILES]) {
+    if constexpr (BLOCKS) {
+      if (k % SPB == 0) {
+        page_block = k == 0 ? read_block(0) : page_next;
+        page_next = read_block(k + SPB);
+      }
 #pragma unroll
-    for (int t = 0; t < TILES; ++t) {
-      const int tok = tile_start(k, t);
-      if (PAIRED && (t & 1))
-        pg[t] = pg[t - 1];
-      else
-        pg[t] = tok < t_end ? __ldg(table + ((uint32_t)tok >> page_shift)) : 0;
+      for (int t = 0; t < TILES; t += RUN) {
+        pg[t] = __shfl_sync(0xffffffffu, page_block, (k % SPB) * RUNS + t / RUN);
+        if (RUN == 2) pg[t + 1] = pg[t];
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) {
+        const int tok = tile_start(k, t);
+        if (PAIRED && (t & 1))
+          pg[t] = pg[t - 1];
+        else
+          pg[t] = tok < t_end ? __ldg(table + ((uint32_t)tok >> page_shift)) : 0;
+      }
     }
   };
   // Copy addresses: per-lane source bases (in the lane table) and the shared-window ring address are
@@ -1242,7 +1268,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   __syncthreads();
   if (t_begin < t_end) {
     if (int2)
-      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16>(p, sh, smem, b, kv, t_begin, t_end, spec);
+      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16, TABLE>(p, sh, smem, b, kv, t_begin, t_end, spec);
     else
       bf16_warp<D, PARALLEL || TABLE>(p, sh, b, kv, t_begin, t_end);
   }

@@ -224,6 +224,22 @@ TEST(PagedDecode, SplitTableOfUnequalSplits) {
   }
 }
 
+TEST(PagedDecode, SplitTableOfLongSplits) {
+  // The split-table kernels read the page-table entries of 32 runs of tiles at a time, a block ahead (16 or 8
+  // stages at d = 64 or with 16-token pages): splits of 41-70 quanta cross several such blocks, and the lengths
+  // end inside a block, at a split edge and inside the first split.
+  const int q = kernels::kInt2SplitQuantum;
+  const std::vector<int> starts{0, 41 * q, 111 * q, 112 * q, 160 * q};
+  for (int d : {64, 128, 256})
+    for (int page : {16, 64}) {
+      DecodeCase c{d, 4, 2, {160 * q, 111 * q, 6000, 160 * q - 300}, {320, 64, 0, 7}, page, 64, 4, true,
+                   "long split table, d=" + std::to_string(d) + ", page " + std::to_string(page)};
+      c.split_starts = starts;
+      c.parallel_merge = false;
+      run_case(c);
+    }
+}
+
 TEST(PagedDecode, OneWaveUniformBatchTakesEqualSplitTable) {
   // Uniform lengths whose INT2 CTAs fit in one wave, too many pairs for the parallel merge, splits of >= 2048
   // tokens: the planner hands the equal splits over as a table (the split-table kernel and its staged merge).
