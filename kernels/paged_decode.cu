@@ -236,8 +236,8 @@ constexpr int smem_bytes() {
 // M16: the metadata is fp16 (8 bytes per row, read as 8 bytes and widened in the loop), else fp32.
 // BLOCKS (the split-table kernels): the page-table entries of 32 runs come in one read per lane, a block ahead,
 // and each stage takes its own by a shuffle: ~8 instructions fewer per warp stage than a read per stage (H200:
-// uniform shapes 0.2-2.4 % faster, d = 64 up to 1.9 %). Not in the main kernel: its ragged one-wave shapes lost
-// 1.5-2.6 % (8 / 32K, 8 / 100K, 8 / 128K), for a reason not found.
+// uniform shapes 0.4-1.9 % faster, geometric mean -0.7 %). Not in the main kernel: its ragged one-wave shapes
+// lost 1.5-2.6 % (8 / 32K, 8 / 100K, 8 / 128K), for a reason not found. Needs load_pages called for k = 0, 1, ..
 template <int D, bool PAIRED, bool SPEC = false, bool STAGED = false, bool M16 = false, bool BLOCKS = false>
 __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* ring, int b, int kv, int t_begin,
                          int t_end, const int (*spec_pages)[Int2Geom<D>::TILES] = nullptr) {
