@@ -238,6 +238,14 @@ int bench_main(int argc, char** argv) {
     table.add_row({std::string("hbm_read"), 0L, 0L, dash, dash, 1L, dash, dash, dash, 1.0 * probe_bytes / 1e6,
                    read.median_us, read.noise_pct, read.sm_mhz, read_tbps, 100.0 * read_tbps / peak_tbps, dash, gpu});
     log(fmt::format("HBM: copy {:.2f} TB/s, read {:.2f} TB/s (SM {:.0f} MHz)", copy_tbps, read_tbps, read.sm_mhz));
+    // The floor of any one-launch call timed this way: the read probe over 64 KB (4 CTAs), i.e. a launch, one
+    // cold HBM round trip and the events around it. The small decode calls are measured against it.
+    kernels::BandwidthProbeParams tiny = p;
+    tiny.n16 = 4096;
+    Timing floor = timer.time([&] { kernels::launch_read_probe(tiny, nullptr); });
+    table.add_row({std::string("launch_floor"), 0L, 0L, dash, dash, 1L, dash, dash, dash, 16.0 * tiny.n16 / 1e6,
+                   floor.median_us, floor.noise_pct, floor.sm_mhz, dash, dash, dash, gpu});
+    log(fmt::format("launch floor (one launch, one cold read): {:.1f} us", floor.median_us));
   }
   auto pct = [&](double tbps) { return 100.0 * tbps / peak_tbps; };
 
