@@ -11,6 +11,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "backend/cuda_paged.h"
 #include "backend/paged_cache.h"
@@ -265,6 +266,28 @@ TEST(QuantizePack, RotationHardRowsWithinFloatTolerance) {
   }
 }
 
+// A signed permutation with power-of-two entries: column shifts within 7 of one another (one scale), or spread over
+// 2^-12..2^12 (per-column scales).
+std::vector<float> signed_permutation(int d, bool spread_columns) {
+  std::vector<int> column(d);
+  std::iota(column.begin(), column.end(), 0);
+  std::shuffle(column.begin(), column.end(), std::mt19937_64(7 + d));
+  std::vector<float> rot(static_cast<size_t>(d) * d, 0.0f);
+  for (int k = 0; k < d; ++k) {
+    const int n = column[k], shift = spread_columns ? 2 * (n % 13) - 12 : n % 5 - 2;
+    rot[static_cast<size_t>(k) * d + n] = std::ldexp((k * 7 + n) % 3 ? 1.0f : -1.0f, shift);
+  }
+  return rot;
+}
+
+void expect_bit_identical(const RotatedRun& run, const std::string& what) {
+  long code_mismatch = 0, meta_mismatch = 0;
+  for (size_t i = 0; i < run.codes.size(); ++i) code_mismatch += run.codes[i] != run.ref_codes[i];
+  for (size_t i = 0; i < run.meta.size(); ++i) meta_mismatch += std::memcmp(&run.meta[i], &run.ref_meta[i], 4) != 0;
+  EXPECT_EQ(code_mismatch, 0) << what;
+  EXPECT_EQ(meta_mismatch, 0) << what;
+}
+
 // R = a signed permutation with power-of-two entries, rows of multiples of 1/8 (which fit fp16 after
 // the power-of-two row scale): x.R is exact on every path (one non-zero product per output, no split
 // remainders), so codes and metadata must be bit-identical to the CPU quantiser. Any wrong fragment,
@@ -297,24 +320,37 @@ TEST(QuantizePack, RotationBySignedPermutationBitIdentical) {
         for (size_t i = 3 * static_cast<size_t>(d); i < 5 * static_cast<size_t>(d); ++i)
           x[i] = std::ldexp(x[i], i < 4 * static_cast<size_t>(d) ? -120 : -60);
     }
-    std::vector<int> column(d);
-    std::iota(column.begin(), column.end(), 0);
-    std::shuffle(column.begin(), column.end(), std::mt19937_64(7 + d));
-    std::vector<float> rot(static_cast<size_t>(d) * d, 0.0f);
-    for (int k = 0; k < d; ++k) {
-      const int n = column[k], shift = c.spread_columns ? 2 * (n % 13) - 12 : n % 5 - 2;
-      rot[static_cast<size_t>(k) * d + n] = std::ldexp((k * 7 + n) % 3 ? 1.0f : -1.0f, shift);
-    }
+    const std::vector<float> rot = signed_permutation(d, c.spread_columns);
     // With fp16 metadata also into the fp16 layout.
     for (bool fp16_storage : {false, true}) {
       if (fp16_storage && c.metadata != MetadataType::fp16) continue;
       const RotatedRun run = run_rotated(x, rot, c.rows, d, c.clip, c.metadata, fp16_storage);
-      long code_mismatch = 0, meta_mismatch = 0;
-      for (size_t i = 0; i < run.codes.size(); ++i) code_mismatch += run.codes[i] != run.ref_codes[i];
-      for (size_t i = 0; i < run.meta.size(); ++i) meta_mismatch += std::memcmp(&run.meta[i], &run.ref_meta[i], 4) != 0;
-      EXPECT_EQ(code_mismatch, 0) << "d " << d << " rows " << c.rows << (fp16_storage ? ", fp16 storage" : "");
-      EXPECT_EQ(meta_mismatch, 0) << "d " << d << " rows " << c.rows << (fp16_storage ? ", fp16 storage" : "");
+      expect_bit_identical(run, "d " + std::to_string(d) + " rows " + std::to_string(c.rows) +
+                                    (fp16_storage ? ", fp16 storage" : ""));
     }
+  }
+}
+
+// Rows that keep the quantiser's lanes busy for long and unevenly: zero rows (every 97th; each lane walks the
+// whole row for the sign of a zero) and rows on the fallback path (every 7th scaled by 2^-120, every 11th by 2^-60,
+// as the tiny rows above: one lane of the pair busy after the rest of its warp has returned). At d = 128 the
+// consumer warpgroups of the rotated kernel then run unevenly, which exposed a hand-over that let a producer
+// overwrite tiles still in use (nondeterministic codes). x.R is exact (signed permutation), so each of three
+// launches must give the CPU quantiser's bits.
+TEST(QuantizePack, RotationWithZeroAndFallbackRowsBitIdentical) {
+  for (int d : {64, 128, 256}) {
+    const long rows = d == 256 ? 8009 : 100037;
+    std::vector<float> x = test::random_normal(static_cast<size_t>(rows) * d, 41 + d, 2.0f);
+    for (auto& v : x) v = std::round(v * 4.0f) / 8.0f;
+    for (long r = 0; r < rows; ++r)
+      for (int i = 0; i < d; ++i) {
+        float& v = x[static_cast<size_t>(r) * d + i];
+        if (r % 97 == 1) v = 0.0f;
+        else if (r % 7 == 3 || r % 11 == 5) v = std::ldexp(v, r % 7 == 3 ? -120 : -60);
+      }
+    const std::vector<float> rot = signed_permutation(d, false);
+    for (int launch = 0; launch < 3; ++launch)
+      expect_bit_identical(run_rotated(x, rot, rows, d), "d " + std::to_string(d) + " launch " + std::to_string(launch));
   }
 }
 
