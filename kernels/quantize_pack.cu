@@ -1114,9 +1114,9 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
     // arrive, the consumer waits) and empty[k] (the consumer's threads done reading: they arrive, the producer of
     // the tile's next group tile i + C waits before writing). The u-th use of consumer k's tiles (i = u C + k) is
     // phase u of both, and a wait names its phase by parity, which is only sound while the barrier is at most one
-    // phase behind it. The consumer's waits are (full phase u needs empty phase u - 1, its own arrivals). The
-    // producers' are not by themselves: with P = 2 and C odd, consumer k's tiles alternate between the two
-    // producers, so the producer of phase u could wait on empty[k] while that barrier is still in phase u - 2
+    // phase behind it. The consumer's waits are sound: full[k] cannot complete phase u + 1 before the consumer's
+    // own arrivals complete empty[k] phase u. The producers' are not by themselves: with P = 2 and C odd,
+    // consumer k's tiles alternate between the two producers, so the producer of phase u could wait on empty[k] while that barrier is still in phase u - 2
     // (the other producer's tile u - 1 not written yet, consumer k slow, e.g. on zero rows), take the parity of
     // phase u - 1 for that of the completed u - 3, and overwrite tiles in use (nondeterministic codes, hangs). So
     // it first waits for full[k] phase u - 1 (tile u - 1 written, hence empty phase u - 2 complete); full[k] is then
