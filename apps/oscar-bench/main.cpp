@@ -9,6 +9,7 @@
 #include <numeric>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -207,7 +208,8 @@ int bench_main(int argc, char** argv) {
   // int2_splits / bf16_splits / split_plan: the decode's split plan (split_plan: parallel-merge, table = a split
   // table of falling or equal sizes merged by the last CTA, equal = equal chunks merged by the last CTA).
   table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "launches", "int2_splits", "bf16_splits",
-                  "split_plan", "mbytes", "time_us", "noise_pct", "sm_mhz", "tbps", "pct_peak", "speedup_vs_bf16", "gpu"};
+                  "split_plan", "mbytes", "time_us", "noise_pct", "sm_mhz", "tbps", "pct_peak", "floor_us", "pct_floor",
+                  "speedup_vs_bf16", "gpu"};
   const auto split_plan = [](const PagedCacheGeometry& g, const CudaDecodePlan& plan) {
     const bool parallel = runs_parallel_merge(g, plan);
     return std::string(parallel ? "parallel-merge" : runs_split_table(plan, parallel) ? "table" : "equal");
@@ -218,9 +220,11 @@ int bench_main(int argc, char** argv) {
   // HBM bandwidth: 2 GiB copy (bytes read + written) and 2 GiB read-only.
   const size_t probe_bytes = size_t{2} << 30;
   double peak_tbps = 0;
+  // Kept for the per-call floors below.
+  DeviceBuffer<uint8_t> a(probe_bytes);
+  DeviceBuffer<unsigned> sink_word(1);
   {
-    DeviceBuffer<uint8_t> a(probe_bytes), b(probe_bytes);
-    DeviceBuffer<unsigned> sink_word(1);
+    DeviceBuffer<uint8_t> b(probe_bytes);
     kernels::launch_fill_random_bytes(a.get(), probe_bytes, 1, nullptr);
     kernels::BandwidthProbeParams p;
     p.source = reinterpret_cast<const uint4*>(a.get());
@@ -234,9 +238,11 @@ int bench_main(int argc, char** argv) {
     peak_tbps = std::max(copy_tbps, read_tbps);
     const std::string dash("-");
     table.add_row({std::string("hbm_copy"), 0L, 0L, dash, dash, 1L, dash, dash, dash, 2.0 * probe_bytes / 1e6,
-                   copy.median_us, copy.noise_pct, copy.sm_mhz, copy_tbps, 100.0 * copy_tbps / peak_tbps, dash, gpu});
+                   copy.median_us, copy.noise_pct, copy.sm_mhz, copy_tbps, 100.0 * copy_tbps / peak_tbps, dash, dash,
+                   dash, gpu});
     table.add_row({std::string("hbm_read"), 0L, 0L, dash, dash, 1L, dash, dash, dash, 1.0 * probe_bytes / 1e6,
-                   read.median_us, read.noise_pct, read.sm_mhz, read_tbps, 100.0 * read_tbps / peak_tbps, dash, gpu});
+                   read.median_us, read.noise_pct, read.sm_mhz, read_tbps, 100.0 * read_tbps / peak_tbps, dash, dash,
+                   dash, gpu});
     log(fmt::format("HBM: copy {:.2f} TB/s, read {:.2f} TB/s (SM {:.0f} MHz)", copy_tbps, read_tbps, read.sm_mhz));
     // The floor of any one-launch call timed this way: the read probe over 64 KB (4 CTAs), i.e. a launch, one
     // cold HBM round trip and the events around it. The small decode calls are measured against it.
@@ -244,10 +250,22 @@ int bench_main(int argc, char** argv) {
     tiny.n16 = 4096;
     Timing floor = timer.time([&] { kernels::launch_read_probe(tiny, nullptr); });
     table.add_row({std::string("launch_floor"), 0L, 0L, dash, dash, 1L, dash, dash, dash, 16.0 * tiny.n16 / 1e6,
-                   floor.median_us, floor.noise_pct, floor.sm_mhz, dash, dash, dash, gpu});
+                   floor.median_us, floor.noise_pct, floor.sm_mhz, dash, dash, dash, dash, dash, gpu});
     log(fmt::format("launch floor (one launch, one cold read): {:.1f} us", floor.median_us));
   }
   auto pct = [&](double tbps) { return 100.0 * tbps / peak_tbps; };
+  // The floor of a decode call: the read probe over the same number of bytes (one launch, cold L2, timed the same
+  // way), i.e. what a plain streaming read of the call's bytes takes on this board; pct_floor = floor / time.
+  // Calls of more than the probe buffer get "-" (their pct_peak says the same).
+  auto floor_columns = [&](double bytes, double time_us) -> std::pair<ReportValue, ReportValue> {
+    if (bytes > static_cast<double>(probe_bytes)) return {std::string("-"), std::string("-")};
+    kernels::BandwidthProbeParams p;
+    p.source = reinterpret_cast<const uint4*>(a.get());
+    p.n16 = std::max<size_t>(1, static_cast<size_t>(bytes / 16));
+    p.sink = sink_word.get();
+    const Timing floor = timer.time([&] { kernels::launch_read_probe(p, nullptr); });
+    return {floor.median_us, 100.0 * floor.median_us / time_us};
+  };
 
   PagedCacheGeometry geometry;
   geometry.num_kv_heads = kv_heads;
@@ -296,10 +314,11 @@ int bench_main(int argc, char** argv) {
             const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
             bf16_us = t.median_us;
             const long launches = kernels::fused_merge_fits(plan.splits_total(), geometry.group, head_dim) ? 1L : 2L;
+            const auto [floor_us, pct_floor] = floor_columns(bytes, t.median_us);
             table.add_row({std::string("bf16_decode"), batch, context, rag_label, std::string("-"), launches,
                            static_cast<long>(plan.int2_splits), static_cast<long>(plan.bf16_splits),
                            split_plan(geometry, plan), bytes / 1e6, t.median_us,
-                           t.noise_pct, t.sm_mhz, tbps, pct(tbps), 1.0, gpu});
+                           t.noise_pct, t.sm_mhz, tbps, pct(tbps), floor_us, pct_floor, 1.0, gpu});
             log(fmt::format("bf16_decode  B={} L={} {}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz ({} splits)", batch,
                             context, rag_label, t.median_us, tbps, t.sm_mhz, plan.splits_total()));
           }
@@ -323,10 +342,11 @@ int bench_main(int argc, char** argv) {
                                  1.0 * t16 * kv_heads * 4 * head_dim;
             const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
             const long launches = kernels::fused_merge_fits(plan.splits_total(), geometry.group, head_dim) ? 1L : 2L;
+            const auto [floor_us, pct_floor] = floor_columns(bytes, t.median_us);
             table.add_row({std::string("int2_decode"), batch, context, rag_label, metadata, launches,
                            static_cast<long>(plan.int2_splits), static_cast<long>(plan.bf16_splits),
                            split_plan(geometry, plan), bytes / 1e6,
-                           t.median_us, t.noise_pct, t.sm_mhz, tbps, pct(tbps),
+                           t.median_us, t.noise_pct, t.sm_mhz, tbps, pct(tbps), floor_us, pct_floor,
                            bf16_us > 0 ? ReportValue(bf16_us / t.median_us) : ReportValue(std::string("-")), gpu});
             log(fmt::format("int2_decode  B={} L={} {} {}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz ({}+{} splits, "
                             "chunk {})",
@@ -361,7 +381,7 @@ int bench_main(int argc, char** argv) {
       table.add_row({std::string(rotate ? "quantize_pack_rotate" : "quantize_pack"), quant_rows, 0L,
                      std::string("-"), std::string("fp32"), 1L, std::string("-"), std::string("-"), std::string("-"),
                      bytes / 1e6, t.median_us, t.noise_pct, t.sm_mhz, tbps,
-                     pct(tbps), std::string("-"), gpu});
+                     pct(tbps), std::string("-"), std::string("-"), std::string("-"), gpu});
       log(fmt::format("{} rows={}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz",
                       rotate ? "quantize_pack_rotate" : "quantize_pack", quant_rows, t.median_us, tbps, t.sm_mhz));
     }
