@@ -180,28 +180,6 @@ RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& ro
   return run;
 }
 
-// Codes unpacked: at most one step apart, and rare (values on a rounding boundary): <= 0.1 %.
-void expect_codes_close(const RotatedRun& run, long rows, int d) {
-  long moved = 0;
-  for (size_t i = 0; i < run.codes.size(); ++i)
-    for (int s = 0; s < 8; s += 2) {
-      const int a = run.codes[i] >> s & 3, b = run.ref_codes[i] >> s & 3;
-      ASSERT_LE(std::abs(a - b), 1) << "byte " << i << " d " << d;
-      moved += a != b;
-    }
-  EXPECT_LE(moved, rows * d / 1000) << "d " << d;
-  std::printf("  d %d: %ld of %ld codes moved one step (%.4f %%)\n", d, moved, rows * d, 100.0 * moved / (rows * d));
-}
-
-// Largest relative difference of the scales (rows with a zero reference scale skipped).
-double max_scale_error(const RotatedRun& run) {
-  double worst = 0.0;
-  for (size_t i = 0; i < run.meta.size(); i += 2)
-    if (run.ref_meta[i] != 0.0f)
-      worst = std::max(worst, std::fabs(static_cast<double>(run.meta[i]) - run.ref_meta[i]) / std::fabs(run.ref_meta[i]));
-  return worst;
-}
-
 TEST(QuantizePack, RotationWithinFloatTolerance) {
   for (int d : {64, 128, 256}) {
     const long rows = 2000;
@@ -215,8 +193,9 @@ TEST(QuantizePack, RotationWithinFloatTolerance) {
       ASSERT_NEAR(meta[i], ref_meta[i], 1e-4 * std::fabs(ref_meta[i]) + 1e-7) << "scale of row " << i / 2;
       ASSERT_NEAR(meta[i + 1], ref_meta[i + 1], 1e-4 * std::fabs(ref_meta[i + 1]) + 1e-6) << "zero of row " << i / 2;
     }
-    std::printf("  d %d: largest relative scale difference %.3g\n", d, max_scale_error(run));
-    expect_codes_close(run, rows, d);
+    std::printf("  d %d: largest relative scale difference %.3g\n", d,
+                test::max_scale_error(run.meta, run.ref_meta));
+    test::expect_codes_close(run.codes, run.ref_codes, rows, d, "d " + std::to_string(d));
   }
 }
 
@@ -261,8 +240,9 @@ TEST(QuantizePack, RotationHardRowsWithinFloatTolerance) {
       ASSERT_NEAR(meta[i + 1], ref_meta[i + 1], 1e-4 * std::fabs(ref_meta[i + 1]) + 1e-6 * atol)
           << "zero of row " << i / 2 << " d " << d;
     }
-    std::printf("  d %d: largest relative scale difference %.3g\n", d, max_scale_error(run));
-    expect_codes_close(run, rows, d);
+    std::printf("  d %d: largest relative scale difference %.3g\n", d,
+                test::max_scale_error(run.meta, run.ref_meta));
+    test::expect_codes_close(run.codes, run.ref_codes, rows, d, "d " + std::to_string(d));
   }
 }
 
