@@ -52,17 +52,21 @@ __global__ void plain(const uint4* x, size_t n) {
 int main(int argc, char** argv) {
   if (argc != 4) {
     fprintf(stderr, "usage: %s BATCH TOKENS SPLITS\n", argv[0]);
-    return 2;
+    return 1;
   }
   const int batch = atoi(argv[1]), tokens = atoi(argv[2]), splits = atoi(argv[3]);
   if (batch < 1 || tokens < 128 || splits < 1 || tokens % splits != 0 || (tokens / splits) % 128 != 0) {
-    fprintf(stderr, "decode_pattern_probe: need batch >= 1 and tokens / splits a positive multiple of 128\n");
-    return 2;
+    fprintf(stderr, "error: need batch >= 1 and tokens / splits a positive multiple of 128\n");
+    return 1;
   }
   const size_t rows = (size_t)batch * tokens * HKV;
   uint4 *k, *v, *m, *flush;
-  cudaMalloc(&k, rows * Q); cudaMalloc(&v, rows * Q); cudaMalloc(&m, rows * MB);
-  const size_t fl = 256ull << 20; cudaMalloc(&flush, fl);
+  const size_t fl = 256ull << 20;
+  if (cudaMalloc(&k, rows * Q) != cudaSuccess || cudaMalloc(&v, rows * Q) != cudaSuccess ||
+      cudaMalloc(&m, rows * MB) != cudaSuccess || cudaMalloc(&flush, fl) != cudaSuccess) {
+    fprintf(stderr, "error: cannot allocate %.0f MB of pools on the device\n", rows * (2.0 * Q + MB) / 1e6);
+    return 1;
+  }
   cudaMemset(k, 1, rows * Q); cudaMemset(v, 2, rows * Q); cudaMemset(m, 3, rows * MB); cudaMemset(flush, 0, fl);
   const double bytes = rows * (2.0 * Q + MB);
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
@@ -82,5 +86,9 @@ int main(int argc, char** argv) {
            mode == 0 ? "decode pattern" : mode == 1 ? "three pools contiguous" : "one pool contiguous",
            best * 1e3, b2 / best / 1e9, b2 / 1e6);
   }
-  printf("%s\n", cudaGetErrorString(cudaGetLastError()));
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    fprintf(stderr, "error: %s\n", cudaGetErrorString(err));
+    return 1;
+  }
 }
