@@ -35,6 +35,10 @@ namespace oscar::kernels {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
+// Headroom of the INT2 path's running softmax reference over the max (log2 domain): after a rescale of the
+// accumulators, rises of the max by less than this need none (random data: the rescale ran in 15 % of the warp
+// stages of batch 64 / 100K without headroom; H200, uniform shapes 1.4 % faster, ragged 2.1 %).
+constexpr float kMaxHeadroom = 3.f;
 constexpr int kGroup = kDecodeMaxGroup;
 constexpr int kThreads = kDecodeWarps * 32;
 #ifndef OSCAR_DECODE_MIN_CTAS
@@ -238,7 +242,10 @@ constexpr int smem_bytes() {
 // and each stage takes its own by a shuffle: ~8 instructions fewer per warp stage than a read per stage (H200:
 // uniform shapes 0.4-1.9 % faster, geometric mean -0.7 %). Not in the main kernel: its ragged one-wave shapes
 // lost 1.5-2.6 % (8 / 32K, 8 / 100K, 8 / 128K), for a reason not found. Needs load_pages called for k = 0, 1, ..
-template <int D, bool PAIRED, bool SPEC = false, bool STAGED = false, bool M16 = false, bool BLOCKS = false>
+// STREAMS (g <= 4): two softmax streams per warp, see below: about 30 instructions fewer per warp stage at d = 128
+// (half the logits, exponentials and running sums per lane), 3.5-5.8 % faster on the large grids (H200).
+template <int D, bool PAIRED, bool SPEC = false, bool STAGED = false, bool M16 = false, bool BLOCKS = false,
+          bool STREAMS = false>
 __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* ring, int b, int kv, int t_begin,
                          int t_end, const int (*spec_pages)[Int2Geom<D>::TILES] = nullptr) {
   using G = Int2Geom<D>;
@@ -249,12 +256,22 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   const int g = p.group;
   const float logit_factor = p.softmax_scale * kLog2e;
   const Exponents ex;
+  // Streams: with two, the 8 mma columns hold the g <= 4 heads twice; tile 2j + u of a stage is stream u's, in
+  // columns 4u .. 4u + 3, and lane (gid, tq) keeps the softmax of stream st = tq / 2 (columns 2tq, 2tq + 1).
+  // The streams are two online softmaxes over disjoint tokens, merged with the warps' states at the end.
+  static_assert(!STREAMS || TILES % 2 == 0, "two streams take the tiles in pairs");
+  constexpr int NS = STREAMS ? 2 : 1, MY = TILES / NS;  // streams; tiles per stage whose softmax a lane does
+  const int st = STREAMS ? tq / 2 : 0;
+  const int head = STREAMS ? gid % 4 : gid;  // query head of mma column gid
 
   float o[G::MT][4];
 #pragma unroll
   for (int i = 0; i < G::MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  // Running max m (log2 domain) of heads 2tq, 2tq + 1. Logits are formed relative to it (one FFMA gives
-  // s - m), so m must be finite from the start: it is 0 until the first stage sets it (`first`).
+  // Running reference m (log2 domain) of heads 2tq, 2tq + 1. Logits are formed relative to it (one FFMA gives
+  // s - m), so m must be finite from the start: it is 0 until the first stage sets it (`first`). A stage whose
+  // logits pass m moves it to kMaxHeadroom above their max, so that the many small rises of the max that follow
+  // (new maxima within 2^kMaxHeadroom of the old) need no rescale; softmax weights stay <= 1 and >= 2^-kMaxHeadroom
+  // of the largest.
   float m0 = 0.f, m1 = 0.f, l0 = 0.f, l1 = 0.f;
   bool first = true;
   float w0 = 0.f, w1 = 0.f, wz0 = 0.f, wz1 = 0.f;  // sum of PV weights (as fed, fp16) and of weight * zero
@@ -322,6 +339,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   // This lane's table [k, meta, v] (written and read by this lane only).
   uint32_t* lane_tbl = reinterpret_cast<uint32_t*>(ring + G::RING_BYTES + warp * G::TABLE_BYTES) + lane;
   lane_offsets<D, M16>(lane, lane_tbl[0], lane_tbl[32], lane_tbl[64]);
+  lane_tbl[32] += st * G::TILE_BYTES;  // the metadata rows of this lane's stream tile
   constexpr int NMAT = 2 * NX, LDM = NMAT >= 4 ? 4 : 2, NLDM = NMAT / LDM;  // V: 8x8 matrices, per ldmatrix
   const uint32_t wring_smem = static_cast<uint32_t>(__cvta_generic_to_shared(wring));
   // Byte offsets of tile t of stage k in the code and metadata pools: 32-bit row index of the tile's first
@@ -395,8 +413,8 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   // codes of this lane's K word u, quarter qq.
   float4 qraw[KW][4];
   {
-    const float* q = p.queries + ((size_t)b * p.num_kv_heads * g + (size_t)kv * g + gid) * D;
-    const bool live = gid < g;
+    const float* q = p.queries + ((size_t)b * p.num_kv_heads * g + (size_t)kv * g + head) * D;
+    const bool live = head < g;
 #pragma unroll
     for (int u = 0; u < KW; ++u)
 #pragma unroll
@@ -489,6 +507,12 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   const float qsum0 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq) * 4) * qscale;
   const float qsum1 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq + 1) * 4) * qscale;
   const float qscale_lo = qscale * (1.f / 256.f), qbias = -kAccBiasBoth * qscale;
+  // Two streams: the factors of tile 2j's and 2j + 1's sums (this lane's tile's, the other's 0), and the 0/1
+  // factor that keeps column gid's P weights in tile 2j's and 2j + 1's P.V products.
+  const float own_hi[2] = {st == 0 ? qscale : 0.f, st == 1 ? qscale : 0.f};
+  const float own_lo[2] = {st == 0 ? qscale_lo : 0.f, st == 1 ? qscale_lo : 0.f};
+  // (0 or 16, from the constant word, over 16: a multiply, an FMA-pipe IMAD, where a known 0/1 would become a SEL.)
+  const uint32_t col_own[2] = {(gid < 4 ? ex.times16 : 0u) / 16u, (gid < 4 ? 0u : ex.times16) / 16u};
   const int32_t bias[4] = {kAccBias, kAccBias, kAccBias, kAccBias};
   for (int k = 0; k < nsteps; ++k) {
     if constexpr (STAGED) {
@@ -510,9 +534,9 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     auto compute = [&](auto full_tag) {
       constexpr bool FULL = decltype(full_tag)::value;
       const uint8_t* buf = wring + (k % STAGES) * (TILES * G::TILE_BYTES);
-      // S^T [16 tokens x 8 heads] per tile; rows gid and gid + 8 are tokens tile_token(gid), tile_token(gid + 8).
-      float s[TILES][4];
-      float4 meta[TILES][2];
+      // S^T [16 tokens x 8 columns] per tile: acc[t][term] (int32 from kAccBias); rows gid and gid + 8 are tokens
+      // tile_token(gid), tile_token(gid + 8).
+      int32_t acc[TILES][2][4];
 #pragma unroll
       for (int t = 0; t < TILES; ++t) {
         const uint8_t* tb = buf + t * G::TILE_BYTES;
@@ -530,8 +554,6 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
             kw[r][0] = v.x, kw[r][1] = v.y, kw[r][2] = v.z, kw[r][3] = v.w;
           }
         }
-        // sum_c m_c c (hi_c, lo_c) per (token, head), from kAccBias.
-        int32_t acc[2][4];
 #pragma unroll
         for (int u = 0; u < KW; ++u) {
           uint32_t a[2][4];  // [row][quarter]
@@ -547,80 +569,92 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
             for (int j = 0; j < 2; ++j) {
               const uint32_t b0 = qb[term][u][j][0], b1 = qb[term][u][j][1];
               if (u + j == 0)
-                mma_u8s8_16832(acc[term], a[0][j], a[1][j], a[0][j + 2], a[1][j + 2], b0, b1, bias);
+                mma_u8s8_16832(acc[t][term], a[0][j], a[1][j], a[0][j + 2], a[1][j + 2], b0, b1, bias);
               else
-                mma_u8s8_16832(acc[term], a[0][j], a[1][j], a[0][j + 2], a[1][j + 2], b0, b1, acc[term]);
+                mma_u8s8_16832(acc[t][term], a[0][j], a[1][j], a[0][j + 2], a[1][j + 2], b0, b1, acc[t][term]);
             }
         }
+      }
+      // This lane's logits: s[j] of tile NS j + st (rows gid, gid + 8; heads 2tq, 2tq + 1 of its stream), minus
+      // the running reference (log2 domain), with the stage max per head. Two streams: tile 2j's sums sit in
+      // columns 0-3 and tile 2j + 1's in columns 4-7 of the pair's products; the FFMAs take this lane's
+      // (the other tile's terms by a zero factor).
+      float s[MY][4];
+      float4 meta[MY][2];
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          s[t][i] = __fmaf_rn(__int_as_float(acc[1][i]), qscale_lo, __fmaf_rn(__int_as_float(acc[0][i]), qscale, qbias));
+      for (int j = 0; j < MY; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (STREAMS) {
+            const int32_t(&a0)[2][4] = acc[2 * j], (&a1)[2][4] = acc[2 * j + 1];
+            s[j][i] = __fmaf_rn(__int_as_float(a0[1][i]), own_lo[0],
+                                __fmaf_rn(__int_as_float(a0[0][i]), own_hi[0],
+                                          __fmaf_rn(__int_as_float(a1[1][i]), own_lo[1],
+                                                    __fmaf_rn(__int_as_float(a1[0][i]), own_hi[1], qbias))));
+          } else {
+            s[j][i] = __fmaf_rn(__int_as_float(acc[j][1][i]), qscale_lo,
+                                __fmaf_rn(__int_as_float(acc[j][0][i]), qscale, qbias));
+          }
+        }
+        // lane_tbl[32] holds this lane's stream tile offset (two streams: st tiles).
+        const uint8_t* tb = buf + NS * j * G::TILE_BYTES + lane_tbl[32];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int tok = tile_start(k, t) + tile_token(gid + 8 * r);
+          const int tok = tile_start(k, NS * j + st) + tile_token(gid + 8 * r);
           float4 mt;
           if constexpr (M16) {
-            const uint2 h = *reinterpret_cast<const uint2*>(tb + lane_tbl[32] + r * 8 * MB);
+            const uint2 h = *reinterpret_cast<const uint2*>(tb + r * 8 * MB);
             const float2 key = unpack_half2(h.x), value = unpack_half2(h.y);
             mt = make_float4(key.x, key.y, value.x, value.y);
           } else {
-            mt = *reinterpret_cast<const float4*>(tb + lane_tbl[32] + r * 8 * MB);
+            mt = *reinterpret_cast<const float4*>(tb + r * 8 * MB);
           }
-          meta[t][r] = FULL || tok < t_end ? mt : make_float4(0.f, 0.f, 0.f, 0.f);
+          meta[j][r] = FULL || tok < t_end ? mt : make_float4(0.f, 0.f, 0.f, 0.f);
         }
       }
-      // Logits minus the running max (log2 domain), stage max per head.
       float bmax0, bmax1;
       const float neg_m0 = -m0, neg_m1 = -m1;
 #pragma unroll
-      for (int t = 0; t < TILES; ++t) {
+      for (int j = 0; j < MY; ++j) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int tok = tile_start(k, t) + tile_token(gid + 8 * r);
-          const float4 mt = meta[t][r];
+          const int tok = tile_start(k, NS * j + st) + tile_token(gid + 8 * r);
+          const float4 mt = meta[j][r];
           const bool valid = FULL || tok < t_end;
-          s[t][2 * r + 0] = valid ? fmaf(mt.x, fmaf(-mt.y, qsum0, s[t][2 * r + 0]), neg_m0) : -INFINITY;
-          s[t][2 * r + 1] = valid ? fmaf(mt.x, fmaf(-mt.y, qsum1, s[t][2 * r + 1]), neg_m1) : -INFINITY;
-          bmax0 = t + r == 0 ? s[t][0] : fmaxf(bmax0, s[t][2 * r + 0]);
-          bmax1 = t + r == 0 ? s[t][1] : fmaxf(bmax1, s[t][2 * r + 1]);
+          s[j][2 * r + 0] = valid ? fmaf(mt.x, fmaf(-mt.y, qsum0, s[j][2 * r + 0]), neg_m0) : -INFINITY;
+          s[j][2 * r + 1] = valid ? fmaf(mt.x, fmaf(-mt.y, qsum1, s[j][2 * r + 1]), neg_m1) : -INFINITY;
+          bmax0 = j + r == 0 ? s[j][0] : fmaxf(bmax0, s[j][2 * r + 0]);
+          bmax1 = j + r == 0 ? s[j][1] : fmaxf(bmax1, s[j][2 * r + 1]);
         }
       }
       // The max over the 16 token rows (lanes gid) is only needed when some lane's logits exceed the
-      // running max: after the first stages that is rare, and the shuffles stay off the common path.
-      // A computed stage has a valid token (its tile 0 starts before t_end), so the stage max is finite.
+      // running reference: after the first stages that is rare, and the shuffles stay off the common path.
+      // A computed stage has a valid token (its tile 0 starts before t_end), so the stage max is finite; with
+      // two streams, stream 1's tiles of the last stage may have none (its max is -inf; `first` then stays).
       if (__any_sync(0xffffffffu, first || bmax0 > 0.f || bmax1 > 0.f)) {
 #pragma unroll
         for (int off = 4; off < 32; off *= 2) {
           bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
           bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
         }
-        // The max moves up by delta >= 0 (the first stage: to the stage max, from the placeholder 0).
-        const float delta0 = first ? bmax0 : fmaxf(bmax0, 0.f), delta1 = first ? bmax1 : fmaxf(bmax1, 0.f);
+        const bool seen = !STREAMS || bmax0 > -INFINITY;
+        // m moves up by delta >= 0 to kMaxHeadroom above the stage max where that passed it (the first stage:
+        // from the placeholder 0).
+        const float delta0 = seen && (first || bmax0 > 0.f) ? bmax0 + kMaxHeadroom : 0.f;
+        const float delta1 = seen && (first || bmax1 > 0.f) ? bmax1 + kMaxHeadroom : 0.f;
         const float corr0 = first ? 1.f : exp2f(-delta0), corr1 = first ? 1.f : exp2f(-delta1);
-        first = false;
+        first = first && !seen;
         m0 += delta0, m1 += delta1;
         l0 *= corr0, l1 *= corr1, w0 *= corr0, w1 *= corr1, wz0 *= corr0, wz1 *= corr1;
 #pragma unroll
         for (int i = 0; i < G::MT; ++i) o[i][0] *= corr0, o[i][1] *= corr1, o[i][2] *= corr0, o[i][3] *= corr1;
 #pragma unroll
-        for (int t = 0; t < TILES; ++t) s[t][0] -= delta0, s[t][1] -= delta1, s[t][2] -= delta0, s[t][3] -= delta1;
+        for (int j = 0; j < MY; ++j) s[j][0] -= delta0, s[j][1] -= delta1, s[j][2] -= delta0, s[j][3] -= delta1;
       }
-#pragma unroll
-      for (int t = 0; t < TILES; ++t) {
+      // P.V of tile t with B fragments pb (k slots 2tq, 2tq + 1 [+ 8], column gid).
+      auto pv = [&](int t, uint32_t pb0, uint32_t pb1) {
         const uint32_t vaddr =
             wring_smem + (k % STAGES) * (TILES * G::TILE_BYTES) + t * G::TILE_BYTES + lane_tbl[64];
-        uint32_t pb[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float4 mt = meta[t][r];
-          const float p0 = exp2f(s[t][2 * r + 0]), p1 = exp2f(s[t][2 * r + 1]);  // exp2(-inf) = 0 (masked)
-          l0 += p0, l1 += p1;
-          const uint32_t wh = pack_half2(p0 * mt.z, p1 * mt.z);
-          const float2 wf = unpack_half2(wh);
-          w0 += wf.x, w1 += wf.y;
-          wz0 = fmaf(wf.x, mt.w, wz0), wz1 = fmaf(wf.y, mt.w, wz1);
-          pb[r] = transpose_8x8_b16(wh);  // -> (k slots 2tq, 2tq+1 [+8]; head gid)
-        }
         // V pair-words by ldmatrix .trans: x[hi][s] = 16-bit column 8s + gid of tokens (tq, tq + 4) + 8 hi,
         // i.e. k slots (2tq, 2tq + 1) [+ 8].
         uint32_t x[2][NX];
@@ -645,8 +679,30 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
             // m-tile 4 xi + fp / 2: row gid = field fp, row gid + 8 = field fp + 1.
             const VField f0 = v_field(fp), f1 = v_field(fp + 1);
             mma_f16_16816(o[4 * xi + fp / 2], field_at(src[0][f0.src], f0.pos, ex), field_at(src[0][f1.src], f1.pos, ex),
-                      field_at(src[1][f0.src], f0.pos, ex), field_at(src[1][f1.src], f1.pos, ex), pb[0], pb[1]);
+                          field_at(src[1][f0.src], f0.pos, ex), field_at(src[1][f1.src], f1.pos, ex), pb0, pb1);
           }
+        }
+      };
+#pragma unroll
+      for (int j = 0; j < MY; ++j) {
+        uint32_t pb[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float4 mt = meta[j][r];
+          const float p0 = exp2f(s[j][2 * r + 0]), p1 = exp2f(s[j][2 * r + 1]);  // exp2(-inf) = 0 (masked)
+          l0 += p0, l1 += p1;
+          const uint32_t wh = pack_half2(p0 * mt.z, p1 * mt.z);
+          const float2 wf = unpack_half2(wh);
+          w0 += wf.x, w1 += wf.y;
+          wz0 = fmaf(wf.x, mt.w, wz0), wz1 = fmaf(wf.y, mt.w, wz1);
+          pb[r] = transpose_8x8_b16(wh);  // -> (k slots 2tq, 2tq+1 [+8]; column gid)
+        }
+        if constexpr (STREAMS) {
+          // Column gid holds tile 2j's weights (gid < 4) or tile 2j + 1's: each tile's product keeps its columns.
+          pv(2 * j, pb[0] * col_own[0], pb[1] * col_own[0]);
+          pv(2 * j + 1, pb[0] * col_own[1], pb[1] * col_own[1]);
+        } else {
+          pv(j, pb[0], pb[1]);
         }
       }
     };
@@ -668,26 +724,29 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     wz1 += __shfl_xor_sync(0xffffffffu, wz1, off);
   }
   __syncthreads();  // the rings alias sh
+  // Slots 2tq, 2tq + 1 of the warp's state: heads 2tq, 2tq + 1, or with two streams stream st's heads
+  // 2tq - 4 st, 2tq + 1 - 4 st (slot = head + 4 st).
   const int h0 = 2 * tq, h1 = 2 * tq + 1;
+  const bool live0 = (STREAMS ? h0 % 4 : h0) < g, live1 = (STREAMS ? h1 % 4 : h1) < g;
 #pragma unroll
   for (int mt = 0; mt < G::MT; ++mt) {
     const int xi = mt / 4, fp = 2 * (mt % 4);
     const VField f0 = v_field(fp), f1 = v_field(fp + 1);
     const int ch0 = f0.qq * Q + 2 * (8 * xi + gid) + f0.b, ch1 = f1.qq * Q + 2 * (8 * xi + gid) + f1.b;
     const float off0 = (float)field_offset(f0.pos), off1 = (float)field_offset(f1.pos);
-    if (h0 < g) {
+    if (live0) {
       sh.o[warp][h0][ch0] = o[mt][0] - fmaf(off0, w0, wz0);
       sh.o[warp][h0][ch1] = o[mt][2] - fmaf(off1, w0, wz0);
     }
-    if (h1 < g) {
+    if (live1) {
       sh.o[warp][h1][ch0] = o[mt][1] - fmaf(off0, w1, wz1);
       sh.o[warp][h1][ch1] = o[mt][3] - fmaf(off1, w1, wz1);
     }
   }
-  if (first) m0 = m1 = -INFINITY;  // no stage: an empty warp (l = 0, o = 0)
+  if (first) m0 = m1 = -INFINITY;  // no stage: an empty warp or stream (l = 0, o = 0)
   if (gid == 0) {
-    if (h0 < g) sh.m[warp][h0] = m0, sh.l[warp][h0] = l0;
-    if (h1 < g) sh.m[warp][h1] = m1, sh.l[warp][h1] = l1;
+    if (live0) sh.m[warp][h0] = m0, sh.l[warp][h0] = l0;
+    if (live1) sh.m[warp][h1] = m1, sh.l[warp][h1] = l1;
   }
 }
 
@@ -1186,7 +1245,8 @@ enum class Int2Pages { none, small, paired };
 // was 2.5-4 % slower in one kernel). TABLE (not with PARALLEL): INT2 splits from p.int2_split_table, a
 // kernel of its own for the same reason (batch 64 / 8K 133 -> 138 us with the table read in every kernel).
 // M16: fp16 INT2 metadata (p.int2_metadata_fp16; paired pages only).
-template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16>
+// STREAMS: two softmax streams in the INT2 warps (g <= 4, not with PARALLEL).
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS>
 __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_decode_kernel(const PagedDecodeParams p) {
   constexpr bool HAS_INT2 = PAGES != Int2Pages::none;
   // 128-byte aligned: with the static is_last below, a 16-byte alignment put the dynamic base 16 bytes past a
@@ -1271,30 +1331,43 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   __syncthreads();
   if (t_begin < t_end) {
     if (int2)
-      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16, TABLE>(p, sh, smem, b, kv, t_begin, t_end, spec);
+      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16, TABLE, STREAMS>(p, sh, smem, b, kv, t_begin, t_end,
+                                                                                      spec);
     else
       bf16_warp<D, PARALLEL || TABLE>(p, sh, b, kv, t_begin, t_end);
   }
   __syncthreads();
-  // Combine the warps' states; write this split's partial.
+  // Combine the warps' states; write this split's partial. States per head: one per warp, and with two INT2
+  // streams a second per warp in slot h + 4. A thread per head turns its states' m into the weights
+  // exp2(m - max) / den and writes the split's LSE; then every output is one weighted sum.
   const size_t part = (size_t)pair * S + split;
   float* out = p.partial_out + part * g * D;
+  constexpr int NSTATE = STREAMS ? 2 * kDecodeWarps : kDecodeWarps;
+  const int nstate = int2 ? NSTATE : kDecodeWarps;
+  auto state_m = [&](int w, int h) -> float& { return sh.m[w % kDecodeWarps][h + 4 * (w / kDecodeWarps)]; };
+  if ((int)threadIdx.x < g) {
+    const int h = threadIdx.x;
+    float mx = -INFINITY, den = 0.f;
+#pragma unroll
+    for (int w = 0; w < NSTATE; ++w)
+      if (w < nstate) mx = fmaxf(mx, state_m(w, h));
+#pragma unroll
+    for (int w = 0; w < NSTATE; ++w)
+      if (w < nstate && mx != -INFINITY) den += exp2f(state_m(w, h) - mx) * sh.l[w % kDecodeWarps][h + 4 * (w / kDecodeWarps)];
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+#pragma unroll
+    for (int w = 0; w < NSTATE; ++w)
+      if (w < nstate) state_m(w, h) = inv > 0.f ? exp2f(state_m(w, h) - mx) * inv : 0.f;
+    p.partial_lse2[part * g + h] = den > 0.f ? mx + log2f(den) : -INFINITY;
+  }
+  __syncthreads();
   for (int i = threadIdx.x; i < g * D; i += blockDim.x) {
     const int h = i / D, c = i % D;
-    float mx = -INFINITY;
+    float v = 0.f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, sh.m[w][h]);
-    float num = 0.f, den = 0.f;
-    if (mx != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) {
-        const float f = exp2f(sh.m[w][h] - mx);
-        num += f * sh.o[w][h][c];
-        den += f * sh.l[w][h];
-      }
-    }
-    out[i] = den > 0.f ? num / den : 0.f;
-    if (c == 0) p.partial_lse2[part * g + h] = den > 0.f ? mx + log2f(den) : -INFINITY;
+    for (int w = 0; w < NSTATE; ++w)
+      if (w < nstate) v = fmaf(state_m(w, h), sh.o[w % kDecodeWarps][h + 4 * (w / kDecodeWarps)][c], v);
+    out[i] = v;
   }
   if (!p.merge_counters) return;
   if constexpr (PARALLEL) {  // arrive (release: the barrier orders this CTA's writes before the fence)
@@ -1319,17 +1392,27 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
 }
 
-template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16>
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   static const bool configured = [] {
-    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16>,
+    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
     return true;
   }();
   (void)configured;
   const int pairs = p.batch * p.num_kv_heads;
   const unsigned ctas = (unsigned)(pairs * (p.splits_total() + p.merge_parts));
-  paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
+  paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
+}
+
+// Two softmax streams in the INT2 loop when the heads fit twice in the 8 mma columns (and there is an INT2 tier;
+// not in the batch-1 kernels, whose staged loop spills with them).
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16>
+void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
+  if (PAGES != Int2Pages::none && !PARALLEL && p.group <= 4)
+    launch_kernel<D, PAGES, PARALLEL, TABLE, M16, PAGES != Int2Pages::none && !PARALLEL>(p, stream);
+  else
+    launch_kernel<D, PAGES, PARALLEL, TABLE, M16, false>(p, stream);
 }
 
 template <int D, Int2Pages PAGES, bool M16>
@@ -1358,7 +1441,7 @@ void launch_for_dim(const PagedDecodeParams& p, cudaStream_t stream) {
 
 template <int D>
 int occupancy() {
-  const auto kernel = paged_decode_kernel<D, Int2Pages::paired, false, false, false>;  // the default 64-token pages
+  const auto kernel = paged_decode_kernel<D, Int2Pages::paired, false, false, false, false>;  // the default 64-token pages
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
   int n = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem_bytes<D>()) != cudaSuccess)
