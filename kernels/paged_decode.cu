@@ -1344,7 +1344,9 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   float* out = p.partial_out + part * g * D;
   constexpr int NSTATE = STREAMS ? 2 * kDecodeWarps : kDecodeWarps;
   const int nstate = int2 ? NSTATE : kDecodeWarps;
-  auto state_m = [&](int w, int h) -> float& { return sh.m[w % kDecodeWarps][h + 4 * (w / kDecodeWarps)]; };
+  // State w of head h: warp w % kDecodeWarps, slot h (w < kDecodeWarps) or h + 4 (the warp's second stream).
+  auto slot = [](int w, int h) { return h + 4 * (w / kDecodeWarps); };
+  auto state_m = [&](int w, int h) -> float& { return sh.m[w % kDecodeWarps][slot(w, h)]; };
   if ((int)threadIdx.x < g) {
     const int h = threadIdx.x;
     float mx = -INFINITY, den = 0.f;
@@ -1353,7 +1355,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
       if (w < nstate) mx = fmaxf(mx, state_m(w, h));
 #pragma unroll
     for (int w = 0; w < NSTATE; ++w)
-      if (w < nstate && mx != -INFINITY) den += exp2f(state_m(w, h) - mx) * sh.l[w % kDecodeWarps][h + 4 * (w / kDecodeWarps)];
+      if (w < nstate && mx != -INFINITY) den += exp2f(state_m(w, h) - mx) * sh.l[w % kDecodeWarps][slot(w, h)];
     const float inv = den > 0.f ? 1.f / den : 0.f;
 #pragma unroll
     for (int w = 0; w < NSTATE; ++w)
@@ -1366,7 +1368,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     float v = 0.f;
 #pragma unroll
     for (int w = 0; w < NSTATE; ++w)
-      if (w < nstate) v = fmaf(state_m(w, h), sh.o[w % kDecodeWarps][h + 4 * (w / kDecodeWarps)][c], v);
+      if (w < nstate) v = fmaf(state_m(w, h), sh.o[w % kDecodeWarps][slot(w, h)][c], v);
     out[i] = v;
   }
   if (!p.merge_counters) return;
