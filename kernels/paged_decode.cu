@@ -243,7 +243,8 @@ constexpr int smem_bytes() {
 // uniform shapes 0.4-1.9 % faster, geometric mean -0.7 %). Not in the main kernel: its ragged one-wave shapes
 // lost 1.5-2.6 % (8 / 32K, 8 / 100K, 8 / 128K), for a reason not found. Needs load_pages called for k = 0, 1, ..
 // STREAMS (g <= 4): two softmax streams per warp, see below: about 30 instructions fewer per warp stage at d = 128
-// (half the logits, exponentials and running sums per lane), 3.5-5.8 % faster on the large grids (H200).
+// (half the logits, exponentials and running sums per lane); with kMaxHeadroom and the combine's per-head weights,
+// large calls 3.4-5.1 % faster (H200; short 8K calls up to 1.8 % slower).
 template <int D, bool PAIRED, bool SPEC = false, bool STAGED = false, bool M16 = false, bool BLOCKS = false,
           bool STREAMS = false>
 __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* ring, int b, int kv, int t_begin,
@@ -1411,10 +1412,10 @@ void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
 // not in the batch-1 kernels, whose staged loop spills with them).
 template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
-  if (PAGES != Int2Pages::none && !PARALLEL && p.group <= 4)
-    launch_kernel<D, PAGES, PARALLEL, TABLE, M16, PAGES != Int2Pages::none && !PARALLEL>(p, stream);
-  else
-    launch_kernel<D, PAGES, PARALLEL, TABLE, M16, false>(p, stream);
+  if constexpr (PAGES != Int2Pages::none && !PARALLEL) {
+    if (p.group <= 4) return launch_kernel<D, PAGES, PARALLEL, TABLE, M16, true>(p, stream);
+  }
+  launch_kernel<D, PAGES, PARALLEL, TABLE, M16, false>(p, stream);
 }
 
 template <int D, Int2Pages PAGES, bool M16>
