@@ -1408,12 +1408,12 @@ void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
 }
 
-// Two softmax streams in the INT2 loop when the heads fit twice in the 8 mma columns (and there is an INT2 tier;
-// not in the batch-1 kernels, whose staged loop spills with them).
+// Two softmax streams in the INT2 loop when asked (int2_streams) and the heads fit twice in the 8 mma columns (and
+// there is an INT2 tier; not in the batch-1 kernels, whose staged loop spills with them).
 template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   if constexpr (PAGES != Int2Pages::none && !PARALLEL) {
-    if (p.group <= 4) return launch_kernel<D, PAGES, PARALLEL, TABLE, M16, true>(p, stream);
+    if (p.group <= 4 && p.int2_streams) return launch_kernel<D, PAGES, PARALLEL, TABLE, M16, true>(p, stream);
   }
   launch_kernel<D, PAGES, PARALLEL, TABLE, M16, false>(p, stream);
 }

@@ -271,6 +271,7 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     plan.int2_split_start.assign(plan.int2_splits + 1, 0);
     for (int s = 1; s <= plan.int2_splits; ++s) plan.int2_split_start[s] = s * plan.int2_chunk;
   }
+  plan.int2_streams = plan.int2_chunk >= kernels::kInt2StreamsMinChunk;
   return plan;
 }
 
@@ -330,6 +331,7 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   p.int2_lengths = cache.int2_lengths.get();
   p.int2_splits = plan.int2_splits;
   p.int2_chunk = plan.int2_chunk;
+  p.int2_streams = plan.int2_streams;
   p.bf16_page_size = g.bf16_page_size;
   p.bf16_keys = cache.bf16_keys.get();
   p.bf16_values = cache.bf16_values.get();

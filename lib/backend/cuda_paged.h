@@ -95,6 +95,9 @@ struct CudaDecodePlan {
   // INT2 split boundaries (int2_splits + 1 tokens, see plan_cuda_decode) for grids merged by the last CTA;
   // empty: int2_chunk tokens per split. int2_chunk is then the largest split (used by the parallel merge).
   std::vector<int> int2_split_start;
+  // Two softmax streams per INT2 warp (kernels::PagedDecodeParams::int2_streams): the planner's choice is
+  // int2_chunk >= kernels::kInt2StreamsMinChunk.
+  bool int2_streams = true;
   int splits_total() const { return int2_splits + bf16_splits; }
 };
 CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int ctas_per_sm = 0);

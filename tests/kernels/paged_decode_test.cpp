@@ -40,6 +40,10 @@ struct DecodeCase {
   bool expect_parallel_merge = false;  // the plan must run with the parallel merge (its grid fits one wave)
   MetadataType metadata = MetadataType::fp32;  // rounding of the INT2 (scale, zero)
   bool fp16_storage = false;                   // the fp16 metadata layout on the device (needs fp16 rounding)
+  // Two softmax streams in the INT2 loop (g <= 4): 0 / 1 forced off / on; -1 the planner's choice (splits of
+  // >= kInt2StreamsMinChunk tokens), except with a forced chunk or split table, which test the loop's boundaries
+  // and take the streams.
+  int streams = -1;
 };
 
 HostPagedCache random_cache(const DecodeCase& c, uint64_t seed) {
@@ -111,6 +115,10 @@ std::vector<float> run_case(const DecodeCase& c) {
     for (size_t s = 1; s < c.split_starts.size(); ++s)
       plan.int2_chunk = std::max(plan.int2_chunk, c.split_starts[s] - c.split_starts[s - 1]);
   }
+  if (c.streams >= 0)
+    plan.int2_streams = c.streams == 1;
+  else if (c.force_int2_chunk > 0 || !c.split_starts.empty())
+    plan.int2_streams = true;
   EXPECT_GE(plan.int2_splits, c.expect_min_int2_splits) << c.label;
   if (c.expect_planned_table)
     EXPECT_EQ(plan.int2_split_start.size(), static_cast<size_t>(plan.int2_splits) + 1) << c.label << ": no split table";
@@ -141,10 +149,18 @@ std::vector<float> run_case(const DecodeCase& c) {
 }
 
 TEST(PagedDecode, ContextLengthsAroundPageBoundaries) {
-  for (int n : {1, 63, 64, 65, 127, 129, 1000}) {
-    run_case({128, 4, 2, {n}, {0}, 64, 64, 4, true, "int2 only, n=" + std::to_string(n)});
-    run_case({128, 4, 2, {n}, {n}, 64, 64, 4, true, "int2+bf16, n=" + std::to_string(n)});
-  }
+  // Planned as one short split (no softmax streams: batch 1 takes the parallel merge) and forced through the
+  // last-CTA merge kernels with the streams on, whose second stream has no token in a range's last stage here.
+  for (int n : {1, 63, 64, 65, 127, 129, 1000})
+    for (int streams : {-1, 1}) {
+      const std::string s = streams == 1 ? ", streams" : "";
+      DecodeCase a{128, 4, 2, {n}, {0}, 64, 64, 4, true, "int2 only, n=" + std::to_string(n) + s};
+      DecodeCase b{128, 4, 2, {n}, {n}, 64, 64, 4, true, "int2+bf16, n=" + std::to_string(n) + s};
+      a.streams = b.streams = streams;
+      a.parallel_merge = b.parallel_merge = streams == -1;
+      run_case(a);
+      run_case(b);
+    }
 }
 
 TEST(PagedDecode, EmptyTiers) {
