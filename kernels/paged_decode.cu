@@ -244,7 +244,8 @@ constexpr int smem_bytes() {
 // lost 1.5-2.6 % (8 / 32K, 8 / 100K, 8 / 128K), for a reason not found. Needs load_pages called for k = 0, 1, ..
 // STREAMS (g <= 4): two softmax streams per warp, see below: about 30 instructions fewer per warp stage at d = 128
 // (half the logits, exponentials and running sums per lane); with kMaxHeadroom and the combine's per-head weights,
-// large calls 3.4-5.1 % faster (H200; short 8K calls up to 1.8 % slower).
+// large calls 3.4-5.1 % faster (H200). Launched for splits of >= kInt2StreamsMinChunk tokens (p.int2_streams): on
+// shorter ones the streams' setup and doubled states outweigh the loop's savings.
 template <int D, bool PAIRED, bool SPEC = false, bool STAGED = false, bool M16 = false, bool BLOCKS = false,
           bool STREAMS = false>
 __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* ring, int b, int kv, int t_begin,
