@@ -1279,6 +1279,10 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     pair = i / p.bf16_splits;
     split = (HAS_INT2 ? p.int2_splits : 0) + i % p.bf16_splits;
   }
+  if constexpr (!TABLE && !PARALLEL) {  // (the planner reorders only ragged batches, which take neither)
+    if (p.sequence_order)
+      pair = __ldg(p.sequence_order + pair / p.num_kv_heads) * p.num_kv_heads + pair % p.num_kv_heads;
+  }
   const int b = pair / p.num_kv_heads, kv = pair % p.num_kv_heads;
   // Parallel-merge grids (batch 1, one wave): the INT2 prologue's page-table reads go out with the length
   // read instead of after it (entries past the length, inside the sequence's table row, are read but not

@@ -39,6 +39,10 @@ struct PagedDecodeParams {
   const int32_t* int2_page_table = nullptr;  // [B, int2_max_pages]
   int int2_max_pages = 0;
   const int32_t* int2_lengths = nullptr;  // [B] INT2 tokens per sequence
+  // Grid order (optional): the grid's CTAs take the sequences in the order sequence_order[0], [1], .. (a
+  // permutation of [0, B)) instead of 0, 1, ..; null: that identity order. Only the kernels of equal splits merged
+  // by the last CTA read it (the ones ragged batches take); the split-table and parallel-merge kernels ignore it.
+  const int32_t* sequence_order = nullptr;
   int int2_splits = 0;                    // grid splits for the INT2 tier
   int int2_chunk = 0;                     // tokens per split, multiple of kInt2SplitQuantum
   bool int2_streams = true;               // two softmax streams per INT2 warp where the kernel has them (g <= 4,

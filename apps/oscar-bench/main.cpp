@@ -135,6 +135,12 @@ int bench_main(int argc, char** argv) {
   app.add_option("--batch", batch_spec, "batch sizes, comma list or start:end:step")->capture_default_str();
   app.add_option("--context", context_spec, "context lengths in tokens (K suffix allowed: 32K)")->capture_default_str();
   app.add_flag("--ragged", ragged, "also time ragged batches (lengths spread over [context/4, context])");
+  std::string ragged_order = "ascending";
+  app.add_option("--ragged-order", ragged_order,
+                 "order of the ragged batch's lengths: ascending (shortest first) or descending (the decode planner "
+                 "runs both shortest first)")
+      ->check(CLI::IsMember({"ascending", "descending"}))
+      ->capture_default_str();
   app.add_option("--sink", sink, "BF16 sink tokens of the INT2 cache")->capture_default_str();
   app.add_option("--recent", recent, "BF16 recent-window tokens of the INT2 cache")->capture_default_str();
   app.add_option("--int2-page", int2_page, "INT2 page size (multiple of 16)")->capture_default_str();
@@ -279,9 +285,11 @@ int bench_main(int argc, char** argv) {
     for (long batch : batches) {
       for (int rag = 0; rag <= (ragged && batch > 1 ? 1 : 0); ++rag) {
         std::vector<int32_t> lengths(batch);
-        for (long b = 0; b < batch; ++b)
-          lengths[b] = rag ? static_cast<int32_t>(context / 4 + (context - context / 4) * b / std::max(1L, batch - 1))
+        for (long b = 0; b < batch; ++b) {
+          const long rank = ragged_order == "ascending" ? b : batch - 1 - b;
+          lengths[b] = rag ? static_cast<int32_t>(context / 4 + (context - context / 4) * rank / std::max(1L, batch - 1))
                            : static_cast<int32_t>(context);
+        }
         geometry.batch = static_cast<int>(batch);
         const int tiers = sink + recent;
         std::vector<int32_t> int2_len(batch), tier_len(batch), zeros(batch, 0);

@@ -38,6 +38,7 @@ struct DecodeCase {
   bool expect_planned_table = false;  // the planner itself must choose a split table
   int expect_min_int2_splits = 0;     // the planner must choose at least this many INT2 splits
   bool expect_parallel_merge = false;  // the plan must run with the parallel merge (its grid fits one wave)
+  bool expect_sequence_order = false;  // the plan must reorder the sequences (a ragged batch not shortest first)
   MetadataType metadata = MetadataType::fp32;  // rounding of the INT2 (scale, zero)
   bool fp16_storage = false;                   // the fp16 metadata layout on the device (needs fp16 rounding)
   // Two softmax streams in the INT2 loop (g <= 4): 0 / 1 forced off / on; -1 the planner's choice (splits of
@@ -122,6 +123,8 @@ std::vector<float> run_case(const DecodeCase& c) {
   EXPECT_GE(plan.int2_splits, c.expect_min_int2_splits) << c.label;
   if (c.expect_planned_table)
     EXPECT_EQ(plan.int2_split_start.size(), static_cast<size_t>(plan.int2_splits) + 1) << c.label << ": no split table";
+  if (c.expect_sequence_order)
+    EXPECT_EQ(plan.sequence_order.size(), static_cast<size_t>(g.batch)) << c.label << ": no sequence order";
   if (c.expect_parallel_merge)
     EXPECT_TRUE(runs_parallel_merge(g, plan))
         << c.label << ": " << plan.int2_splits << " + " << plan.bf16_splits << " splits, no parallel merge";
@@ -186,6 +189,41 @@ TEST(PagedDecode, RaggedBatchIsPlannedByTheCtasWithTokens) {
                true, "ragged, one long sequence"};
   c.expect_min_int2_splits = 16;
   run_case(c);
+}
+
+TEST(PagedDecode, RaggedBatchesRunShortestFirst) {
+  // Planner only: a ragged batch not in ascending order gets the order of ascending INT2 length (ties in index
+  // order); one already in it, and a uniform one, get none.
+  DevicePagedCache cache;
+  cache.geometry.batch = 5;
+  cache.geometry.num_kv_heads = 8;
+  cache.geometry.group = 4;
+  cache.geometry.head_dim = 128;
+  cache.host_int2_lengths = {30000, 9000, 30000, 500, 12000};
+  cache.min_int2_length = 500, cache.max_int2_length = 30000;
+  cache.max_bf16_length = 320;
+  EXPECT_EQ(plan_cuda_decode(cache, 132, 4).sequence_order, (std::vector<int32_t>{3, 1, 4, 0, 2}));
+  cache.host_int2_lengths = {500, 9000, 12000, 30000, 30000};
+  EXPECT_TRUE(plan_cuda_decode(cache, 132, 4).sequence_order.empty());
+  cache.host_int2_lengths.assign(5, 30000);
+  cache.min_int2_length = 30000;
+  EXPECT_TRUE(plan_cuda_decode(cache, 132, 4).sequence_order.empty());
+}
+
+TEST(PagedDecode, RaggedBatchInDescendingOrder) {
+  // Longest first, pages of 16 and 64, with the last-CTA merge and the split table: the grid takes the sequences
+  // in the planner's order (shortest first) and every output lands in its own sequence's rows.
+  for (int page : {16, 64}) {
+    DecodeCase c{128, 4, 4, {9000, 4100, 4100, 1000, 129, 0}, {320, 7, 64, 0, 33, 5}, page, 64, 4, true,
+                 "descending ragged batch, page " + std::to_string(page)};
+    c.parallel_merge = false;
+    c.expect_sequence_order = true;
+    run_case(c);
+  }
+  DecodeCase g8{64, 8, 2, {7000, 3000, 64}, {320, 320, 320}, 64, 64, 4, true, "descending ragged batch, d=64 g=8"};
+  g8.parallel_merge = false;
+  g8.expect_sequence_order = true;
+  run_case(g8);
 }
 
 TEST(PagedDecode, SmallestSplitsAndRepeatedCalls) {
