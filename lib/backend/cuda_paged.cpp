@@ -120,12 +120,6 @@ namespace {
 // Planner cost of one more INT2 split per pair (in tokens) when the parallel merge applies.
 constexpr double kParallelSplitCost = OSCAR_PARALLEL_SPLIT_COST;
 
-// Ragged batches: the grid has splits x pairs INT2 CTAs, but the splits past a short sequence's end are
-// empty and leave their slot at once. So the plan's cost is the end of a greedy fill of the slots with the
-// CTAs in grid order (pair-major), each taking its tokens plus a start-up cost (an empty one a little), plus
-// the merge's cost per split. Costs in tokens, fitted on H200 A/Bs of forced split counts (ragged batch 8 /
-// 32K, 100K, 128K, 32 / 8K, 32K, 64 / 8K, 32K): the fit's picks are within 1.5 % of the fastest count on
-// each, where the waves of the longest sequence (the uniform rule) lost 8-11 % (and 24 % at ragged 4 / 128K).
 // The sequences by ascending length (ties in index order). A ragged grid that takes them so is faster than one that
 // takes the longest first: H200, Qwen3-8B, batches 8-64, the same lengths longest first were 1.3-10 % slower on every
 // ragged shape (8 / 32K 47.7 -> 52.6 us, 32 / 32K 136.8 -> 141.5, 64 / 8K 94.0 -> 99.3, 8 / 100K 109.1 -> 112.5).
@@ -136,6 +130,12 @@ std::vector<int32_t> ascending_order(const std::vector<int32_t>& lengths) {
   return order;
 }
 
+// Ragged batches: the grid has splits x pairs INT2 CTAs, but the splits past a short sequence's end are
+// empty and leave their slot at once. So the plan's cost is the end of a greedy fill of the slots with the
+// CTAs in grid order (pair-major, the sequences shortest first), each taking its tokens plus a start-up cost (an
+// empty one a little), plus the merge's cost per split. Costs in tokens, fitted on H200 A/Bs of forced split counts
+// (ragged batch 8 / 32K, 100K, 128K, 32 / 8K, 32K, 64 / 8K, 32K): the fit's picks are within 1.5 % of the fastest
+// count on each, where the waves of the longest sequence (the uniform rule) lost 8-11 % (and 24 % at ragged 4 / 128K).
 double ragged_makespan(const std::vector<int32_t>& lengths, int kv_heads, long chunk, long splits, long slots) {
   constexpr double kStart = 1024, kEmpty = 64, kMergePerSplit = 100;
   std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;

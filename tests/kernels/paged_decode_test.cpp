@@ -211,8 +211,8 @@ TEST(PagedDecode, RaggedBatchesRunShortestFirst) {
 }
 
 TEST(PagedDecode, RaggedBatchInDescendingOrder) {
-  // Longest first, pages of 16 and 64, with the last-CTA merge and the split table: the grid takes the sequences
-  // in the planner's order (shortest first) and every output lands in its own sequence's rows.
+  // Longest first (with ties), pages of 16 and 64, the last-CTA merge: the grid takes the sequences in the planner's
+  // order (shortest first) and every output lands in its own sequence's rows.
   for (int page : {16, 64}) {
     DecodeCase c{128, 4, 4, {9000, 4100, 4100, 1000, 129, 0}, {320, 7, 64, 0, 33, 5}, page, 64, 4, true,
                  "descending ragged batch, page " + std::to_string(page)};
