@@ -169,6 +169,11 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     return std::max(q16, int2_chunk / 8 / q16 * q16);
   };
   bool parallel = false;
+  // Ragged batches run their sequences shortest first (see ascending_order).
+  const bool ragged = cache.min_int2_length < cache.max_int2_length &&
+                      cache.host_int2_lengths.size() == static_cast<size_t>(g.batch);
+  if (ragged && !std::is_sorted(cache.host_int2_lengths.begin(), cache.host_int2_lengths.end()))
+    plan.sequence_order = ascending_order(cache.host_int2_lengths);
   if (cache.max_int2_length > 0) {
     // INT2 splits: minimise (waves of CTAs) x (tokens per CTA + a fixed start-up cost) + a merge cost
     // per split, over chunks that are multiples of the split quantum (costs in tokens).
@@ -183,14 +188,9 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     // ~7 ms on a 2-core machine for batches 8-1024 at 100K, against ~160 ms at batch 256 without it).
     constexpr long kMaxRaggedWaves = 16;
     constexpr long kShortSplit = 2304;
-    const bool ragged = cache.min_int2_length < cache.max_int2_length &&
-                        cache.host_int2_lengths.size() == static_cast<size_t>(g.batch);
-    // Ragged batches run their sequences in the order of ascending INT2 length (see ascending_order); the
-    // slot-fill model sees them in that order.
-    std::vector<int32_t> sorted_lengths;
-    if (ragged) {
-      for (int32_t b : ascending_order(cache.host_int2_lengths)) sorted_lengths.push_back(cache.host_int2_lengths[b]);
-    }
+    // The slot-fill model sees the sequences in the grid's order: shortest first.
+    std::vector<int32_t> sorted_lengths = cache.host_int2_lengths;
+    if (ragged) std::sort(sorted_lengths.begin(), sorted_lengths.end());
     double best = 0;
     for (long s = (len + kMaxChunk - 1) / kMaxChunk; s <= (len + q - 1) / q; ++s) {
       const long chunk = ((len + s - 1) / s + q - 1) / q * q;
@@ -289,10 +289,6 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     for (int s = 1; s <= plan.int2_splits; ++s) plan.int2_split_start[s] = s * plan.int2_chunk;
   }
   plan.int2_streams = plan.int2_chunk >= kernels::kInt2StreamsMinChunk;
-  if (cache.min_int2_length < cache.max_int2_length &&
-      cache.host_int2_lengths.size() == static_cast<size_t>(g.batch) &&
-      !std::is_sorted(cache.host_int2_lengths.begin(), cache.host_int2_lengths.end()))
-    plan.sequence_order = ascending_order(cache.host_int2_lengths);
   return plan;
 }
 
@@ -351,13 +347,13 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   p.int2_max_pages = cache.int2_max_pages;
   p.int2_lengths = cache.int2_lengths.get();
   if (!plan.sequence_order.empty()) {
-    std::vector<char> seen(g.batch, 0);
-    for (int32_t b : plan.sequence_order)
-      if (b >= 0 && b < g.batch) seen[b] = 1;
-    OSCAR_CHECK(plan.sequence_order.size() == static_cast<size_t>(g.batch) &&
-                    std::all_of(seen.begin(), seen.end(), [](char v) { return v != 0; }),
-                "cuda decode: the plan's sequence order is not a permutation of the batch's {} sequences", g.batch);
-    if (plan.sequence_order != order_host_) {
+    if (plan.sequence_order != order_host_) {  // checked and uploaded when it changes
+      std::vector<char> seen(g.batch, 0);
+      for (int32_t b : plan.sequence_order)
+        if (b >= 0 && b < g.batch) seen[b] = 1;
+      OSCAR_CHECK(plan.sequence_order.size() == static_cast<size_t>(g.batch) &&
+                      std::all_of(seen.begin(), seen.end(), [](char v) { return v != 0; }),
+                  "cuda decode: the plan's sequence order is not a permutation of the batch's {} sequences", g.batch);
       order_.upload(plan.sequence_order);
       order_host_ = plan.sequence_order;
     }

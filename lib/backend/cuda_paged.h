@@ -100,7 +100,7 @@ struct CudaDecodePlan {
   bool int2_streams = true;
   // The order in which the grid takes the sequences (kernels::PagedDecodeParams::sequence_order; a permutation of
   // the batch); empty: 0, 1, .. The planner orders ragged batches by ascending INT2 length where they are not in
-  // that order already (H200: the reverse order had been 1.3-9.3 % slower).
+  // that order already (H200: the reverse order had been 1.3-10 % slower).
   std::vector<int32_t> sequence_order;
   int splits_total() const { return int2_splits + bf16_splits; }
 };

@@ -455,6 +455,11 @@ TEST(PagedDecode, RefusesAPlanThatDoesNotCoverTheCache) {
   EXPECT_THROW(run(), Error);
   plan.int2_split_start.back() = 3072;
   EXPECT_NO_THROW(run());
+  plan.int2_split_start.clear();
+  plan.sequence_order = {1, 1};  // not a permutation of the 2 sequences
+  EXPECT_THROW(run(), Error);
+  plan.sequence_order = {1, 0};
+  EXPECT_NO_THROW(run());
   cuda_check(cudaDeviceSynchronize(), "decode");
 }
 
