@@ -995,15 +995,15 @@ __device__ __forceinline__ void unrotate(const float* merged, const float* rot, 
   }
 }
 template <int D>
-__device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int kv) {
+__device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int kv, int S) {  // S: the pair's splits
   constexpr int SLICES = merge_slices<D>();
-  const int g = p.group, S = p.int2_splits + p.bf16_splits;
+  const int g = p.group, stride = p.int2_splits + p.bf16_splits;
   float* weight = reinterpret_cast<float*>(smem);       // [S, g]
   float* merged = weight + ((S * g + 3) & ~3);          // [g, D]
   float* slice_out = merged + g * D;                    // [SLICES, g, D]
   float* inv = slice_out + SLICES * g * D;              // [g]
   const size_t pair = (size_t)b * p.num_kv_heads + kv;
-  const float* lse = p.partial_lse2 + pair * S * g;     // [S, g]
+  const float* lse = p.partial_lse2 + pair * stride * g;  // [S, g]
   for (int i = threadIdx.x; i < S * g; i += kThreads) weight[i] = __ldcg(lse + i);
   __syncthreads();
   split_weights(weight, inv, S, g);
@@ -1012,7 +1012,7 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
   // 2U independent 16-byte loads in flight.
   constexpr int U = 8;
   const int n4 = g * D / 4;
-  const float4* po4 = reinterpret_cast<const float4*>(p.partial_out + pair * S * g * D);  // [S, g, D / 4]
+  const float4* po4 = reinterpret_cast<const float4*>(p.partial_out + pair * stride * g * D);  // [S, g, D / 4]
   for (int i0 = threadIdx.x; i0 < n4; i0 += 2 * kThreads) {
     const int i1 = i0 + kThreads;
     const bool two = i1 < n4;
@@ -1265,23 +1265,31 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
       return;
     }
   }
-  const int int2_ctas = HAS_INT2 ? pairs * p.int2_splits : 0;
-  const bool int2 = HAS_INT2 && (int)blockIdx.x < int2_ctas;
-  int pair, split;
-  if (TABLE && int2) {  // split-major
-    split = blockIdx.x / pairs;
-    pair = blockIdx.x % pairs;
-  } else if (int2) {
-    pair = blockIdx.x / p.int2_splits;
-    split = blockIdx.x % p.int2_splits;
-  } else {
-    const int i = blockIdx.x - int2_ctas;
-    pair = i / p.bf16_splits;
-    split = (HAS_INT2 ? p.int2_splits : 0) + i % p.bf16_splits;
+  // This CTA's pair, partial slot, the pair's partial count and (from a work list) its token range.
+  int pair, split, count = S, t_begin = 0, t_end = 0;
+  bool int2, listed = false;
+  if constexpr (!TABLE && !PARALLEL) {  // (the planner gives work lists only to ragged batches, which take neither)
+    if (p.work) {
+      const int4 w = __ldg(reinterpret_cast<const int4*>(p.work) + blockIdx.x);  // DecodeWork
+      int2 = HAS_INT2 && (int)blockIdx.x < p.work_int2_ctas;
+      pair = w.x, split = w.y & 0xffff, count = (unsigned)w.y >> 16, t_begin = w.z, t_end = w.w;
+      listed = true;
+    }
   }
-  if constexpr (!TABLE && !PARALLEL) {  // (the planner reorders only ragged batches, which take neither)
-    if (p.sequence_order)
-      pair = __ldg(p.sequence_order + pair / p.num_kv_heads) * p.num_kv_heads + pair % p.num_kv_heads;
+  if (!listed) {
+    const int int2_ctas = HAS_INT2 ? pairs * p.int2_splits : 0;
+    int2 = HAS_INT2 && (int)blockIdx.x < int2_ctas;
+    if (TABLE && int2) {  // split-major
+      split = blockIdx.x / pairs;
+      pair = blockIdx.x % pairs;
+    } else if (int2) {
+      pair = blockIdx.x / p.int2_splits;
+      split = blockIdx.x % p.int2_splits;
+    } else {
+      const int i = blockIdx.x - int2_ctas;
+      pair = i / p.bf16_splits;
+      split = (HAS_INT2 ? p.int2_splits : 0) + i % p.bf16_splits;
+    }
   }
   const int b = pair / p.num_kv_heads, kv = pair % p.num_kv_heads;
   // Parallel-merge grids (batch 1, one wave): the INT2 prologue's page-table reads go out with the length
@@ -1307,12 +1315,11 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
         }
     }
   }
-  int t_begin, t_end;
-  if (int2) {
+  if (!listed && int2) {
     const int len = p.int2_lengths[b];
     t_begin = TABLE ? p.int2_split_start[split] : split * p.int2_chunk;
     t_end = min(len, TABLE ? p.int2_split_start[split + 1] : t_begin + p.int2_chunk);
-  } else {
+  } else if (!listed) {
     const int s = split - (HAS_INT2 ? p.int2_splits : 0);
     const int len = p.bf16_lengths[b];
     t_begin = s * p.bf16_chunk;
@@ -1389,14 +1396,14 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   // Last CTA of this (sequence, KV head) merges.
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(p.merge_counters + pair, 1u) == (unsigned)(S - 1);
+  if (threadIdx.x == 0) is_last = atomicAdd(p.merge_counters + pair, 1u) == (unsigned)(count - 1);
   __syncthreads();
   if (!is_last) return;
   __threadfence();
   if constexpr (TABLE)
     merge_pair_staged<D>(p, smem, b, kv);
   else
-    merge_pair<D>(p, smem, b, kv);
+    merge_pair<D>(p, smem, b, kv, count);
   if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
 }
 
@@ -1409,7 +1416,7 @@ void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   }();
   (void)configured;
   const int pairs = p.batch * p.num_kv_heads;
-  const unsigned ctas = (unsigned)(pairs * (p.splits_total() + p.merge_parts));
+  const unsigned ctas = p.work ? (unsigned)p.work_ctas : (unsigned)(pairs * (p.splits_total() + p.merge_parts));
   paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
 }
 
@@ -1529,6 +1536,14 @@ void check_paged_decode(const PagedDecodeParams& p) {
     bool ok = start[0] == 0;
     for (int s = 0; s < p.int2_splits; ++s) ok = ok && start[s + 1] > start[s] && start[s + 1] % kInt2SplitQuantum == 0;
     require(ok, "INT2 split starts must be 0, then increasing multiples of 128");
+  }
+  if (p.work) {
+    require(p.merge_counters && p.merge_parts == 0 && !p.int2_split_table,
+            "a work list goes with the last-CTA merge only (no parallel merge, no split table)");
+    require(p.work_ctas >= 1 && p.work_int2_ctas >= 0 && p.work_int2_ctas <= p.work_ctas,
+            "a work list needs 1 or more CTAs, the INT2 ones first");
+    require(p.work_int2_ctas == 0 || p.int2_splits > 0, "a work list's INT2 CTAs need an INT2 tier");
+    require(p.work_int2_ctas == p.work_ctas || p.bf16_splits > 0, "a work list's BF16 CTAs need a BF16 tier");
   }
 }
 

@@ -22,6 +22,14 @@ constexpr int kDecodeMaxTableSplits = 64;  // INT2 splits of a split table
 // (1024-token splits) 36.0 -> 34.8 us without the streams, every split of >= 2048 tokens faster with them.
 constexpr int kInt2StreamsMinChunk = 2048;
 
+// One CTA's share of a work list (PagedDecodeParams::work): tokens [begin, end) of one tier of pair b * Hkv + kv,
+// written to partial slot `slot` of the pair's `count`; end is already clamped to the tier's length.
+struct alignas(16) DecodeWork {
+  int32_t pair = 0;
+  uint16_t slot = 0, count = 0;
+  int32_t begin = 0, end = 0;
+};
+
 struct PagedDecodeParams {
   int batch = 0;         // B sequences
   int num_kv_heads = 0;  // Hkv
@@ -39,11 +47,7 @@ struct PagedDecodeParams {
   const int32_t* int2_page_table = nullptr;  // [B, int2_max_pages]
   int int2_max_pages = 0;
   const int32_t* int2_lengths = nullptr;  // [B] INT2 tokens per sequence
-  // Grid order (optional): the grid's CTAs take the sequences in the order sequence_order[0], [1], .. (a
-  // permutation of [0, B)) instead of 0, 1, ..; null: that identity order. Only the kernels of equal splits merged
-  // by the last CTA read it (the ones ragged batches take); the split-table and parallel-merge kernels ignore it.
-  const int32_t* sequence_order = nullptr;
-  int int2_splits = 0;                    // grid splits for the INT2 tier
+  int int2_splits = 0;                    // grid splits for the INT2 tier (with work: the most of any sequence)
   int int2_chunk = 0;                     // tokens per split, multiple of kInt2SplitQuantum
   bool int2_streams = true;               // two softmax streams per INT2 warp where the kernel has them (g <= 4,
                                           // no merge_parts); the planner sets it for splits of >= kInt2StreamsMinChunk
@@ -83,6 +87,12 @@ struct PagedDecodeParams {
   // hands out its largest pieces first (see the planner).
   bool int2_split_table = false;
   int int2_split_start[kDecodeMaxTableSplits + 1] = {};
+  // Work list (optional, grids merged by the last CTA without a split table; ragged batches): CTA i takes work[i]
+  // instead of the (sequence, KV head, split) its index gives, the first work_int2_ctas entries on the INT2 tier,
+  // the rest on the BF16 tier, work_ctas CTAs in all. Pair (b, kv)'s partials are then the `count` slots
+  // [0, count) of its row of int2_splits + bf16_splits, so every sequence can have its own number of INT2 splits.
+  const DecodeWork* work = nullptr;
+  int work_int2_ctas = 0, work_ctas = 0;
 };
 
 // Grid: one CTA per (split, KV head, sequence), INT2 CTAs first. CTAs of the INT2 path that fit on one

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <queue>
@@ -32,6 +33,7 @@ void DevicePagedCache::upload(const HostPagedCache& host) {
   max_bf16_length = *std::max_element(host.bf16_lengths.begin(), host.bf16_lengths.end());
   min_int2_length = *std::min_element(host.int2_lengths.begin(), host.int2_lengths.end());
   host_int2_lengths = host.int2_lengths;
+  host_bf16_lengths = host.bf16_lengths;
   int2_lengths.upload(host.int2_lengths);
   bf16_lengths.upload(host.bf16_lengths);
   int2_page_table.upload(host.int2_page_table);
@@ -89,6 +91,7 @@ void DevicePagedCache::allocate_random(const PagedCacheGeometry& g, const std::v
   max_bf16_length = *std::max_element(bf16.begin(), bf16.end());
   min_int2_length = *std::min_element(int2.begin(), int2.end());
   host_int2_lengths = int2;
+  host_bf16_lengths = bf16;
   int2_lengths.upload(int2);
   bf16_lengths.upload(bf16);
   int2_page_table.upload(s2.table);
@@ -120,9 +123,34 @@ namespace {
 // Planner cost of one more INT2 split per pair (in tokens) when the parallel merge applies.
 constexpr double kParallelSplitCost = OSCAR_PARALLEL_SPLIT_COST;
 
-// The sequences by ascending length (ties in index order). A ragged grid that takes them so is faster than one that
-// takes the longest first: H200, Qwen3-8B, batches 8-64, the same lengths longest first were 1.3-10 % slower on every
-// ragged shape (8 / 32K 47.7 -> 52.6 us, 32 / 32K 136.8 -> 141.5, 64 / 8K 94.0 -> 99.3, 8 / 100K 109.1 -> 112.5).
+// Split starts (splits + 1 token offsets, whole quanta, none empty) over `length` tokens whose sizes fall linearly
+// from `first` to 2 - `first` times the mean (first = 1: equal splits). Needs 1 <= splits <= the length's quanta.
+std::vector<int> falling_starts(long length, int splits, double first) {
+  const long q = kernels::kInt2SplitQuantum, quanta = (length + q - 1) / q;
+  std::vector<double> cumulative(splits + 1, 0.0);
+  for (int s = 0; s < splits; ++s)
+    cumulative[s + 1] = cumulative[s] + (splits > 1 ? first - 2 * (first - 1) * s / (splits - 1) : 1.0);
+  std::vector<int> start(splits + 1, 0);
+  for (int s = 1; s <= splits; ++s) {
+    const long at = std::lround(static_cast<double>(quanta) * cumulative[s] / cumulative[splits]);
+    const long lo = start[s - 1] / q + 1, hi = quanta - (splits - s);
+    start[s] = static_cast<int>(std::clamp(at, lo, hi) * q);
+  }
+  return start;
+}
+
+// Ragged batches merged by the last CTA: every sequence gets its own number of INT2 pieces, so that their mean sizes
+// are about equal whatever the lengths (the splits of one chunk for all left the multiprocessors that held the
+// longest sequences' full splits working ~16 us after the others: H200, ragged batch 8 / 100K, per-CTA trace).
+using Int2Piece = CudaDecodePlan::Int2Piece;
+// INT2 tokens per split at most: long CTAs leave the end of the launch waiting on the slowest of them, and the
+// planner's waves count does not see it (H200, batch 64 / 128K: 1 split of 130816 tokens 1821 us, 4 of 32768 1649
+// us, 11 of 11904 1625 us; batch 32 / 32K: 2 of 16256 242.6 us, 4 of 8192 237.5 us).
+constexpr long kMaxChunk = 12288;
+
+// The sequences by ascending length (ties in index order): ragged grids take them so (H200, Qwen3-8B, batches 8-64:
+// the same lengths longest first were 1.3-10 % slower on every ragged shape, e.g. 8 / 32K 47.7 -> 52.6 us, 64 / 8K
+// 94.0 -> 99.3).
 std::vector<int32_t> ascending_order(const std::vector<int32_t>& lengths) {
   std::vector<int32_t> order(lengths.size());
   std::iota(order.begin(), order.end(), 0);
@@ -130,27 +158,86 @@ std::vector<int32_t> ascending_order(const std::vector<int32_t>& lengths) {
   return order;
 }
 
-// Ragged batches: the grid has splits x pairs INT2 CTAs, but the splits past a short sequence's end are
-// empty and leave their slot at once. So the plan's cost is the end of a greedy fill of the slots with the
-// CTAs in grid order (pair-major, the sequences shortest first), each taking its tokens plus a start-up cost (an
-// empty one a little), plus the merge's cost per split. Costs in tokens, fitted on H200 A/Bs of forced split counts
-// (ragged batch 8 / 32K, 100K, 128K, 32 / 8K, 32K, 64 / 8K, 32K): the fit's picks are within 1.5 % of the fastest
-// count on each, where the waves of the longest sequence (the uniform rule) lost 8-11 % (and 24 % at ragged 4 / 128K).
-double ragged_makespan(const std::vector<int32_t>& lengths, int kv_heads, long chunk, long splits, long slots) {
-  constexpr double kStart = 1024, kEmpty = 64, kMergePerSplit = 100;
+// Piece counts for at most `budget` pieces per KV head: starting from the fewest of <= kMaxChunk tokens, each further
+// piece goes to the sequence whose pieces are longest on average (which minimises the longest mean). A sequence
+// without INT2 tokens gets none, or one (empty) where there is no BF16 tier to give it a partial. Empty if even the
+// fewest exceed the budget.
+std::vector<long> balanced_counts(const std::vector<int32_t>& lengths, long budget, bool bf16_tier) {
+  const long q = kernels::kInt2SplitQuantum;
+  auto mean = [&](size_t b, long n) { return (lengths[b] + n - 1) / n; };
+  std::vector<long> n(lengths.size());
+  std::priority_queue<std::pair<long, size_t>> next;  // (mean piece, sequence) of those that can take one more
+  long used = 0;
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    n[b] = lengths[b] > 0 ? (lengths[b] + kMaxChunk - 1) / kMaxChunk : (bf16_tier ? 0 : 1);
+    used += n[b];
+    if (n[b] > 0 && n[b] < (lengths[b] + q - 1) / q) next.push({mean(b, n[b]), b});
+  }
+  if (used > budget) return {};
+  for (; used < budget && !next.empty(); ++used) {
+    const size_t b = next.top().second;
+    next.pop();
+    if (++n[b] < (lengths[b] + q - 1) / q) next.push({mean(b, n[b]), b});
+  }
+  return n;
+}
+
+// Ragged batches: the plan's cost is the end of a greedy fill of the slots with the CTAs in grid order, each taking
+// its tokens plus a start-up cost (BF16 tokens weighted by their bytes), plus the last CTA's merge per split. Costs
+// in INT2 tokens, fitted on H200 A/Bs of forced split counts with equal chunks (ragged batch 8 / 32K, 100K, 128K, 32 /
+// 8K, 32K, 64 / 8K, 32K): the fit's picks were within 1.5 % of the fastest count on each, where the waves of the
+// longest sequence (the uniform rule) lost 8-11 % (and 24 % at ragged 4 / 128K).
+constexpr double kCtaStart = 1024, kMergePerSplit = 100;
+double slot_fill_end(const std::vector<double>& costs, long slots) {
   std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
-  for (long i = 0; i < slots; ++i) free_at.push(0.0);
+  for (long i = 0; i < std::min<long>(slots, static_cast<long>(costs.size())); ++i) free_at.push(0.0);
   double end = 0;
-  for (int32_t len : lengths)
+  for (double cost : costs) {
+    const double t = free_at.top() + cost;
+    free_at.pop();
+    free_at.push(t);
+    end = std::max(end, t);
+  }
+  return end;
+}
+// Equal chunks: splits x pairs CTAs, pair-major, the sequences shortest first; the splits past a short sequence's end
+// are empty and leave their slot at once (equal_pieces leaves them out; the fit had them).
+double equal_chunk_makespan(const std::vector<int32_t>& sorted_lengths, int kv_heads, long chunk, long splits,
+                            long slots) {
+  constexpr double kEmpty = 64;
+  std::vector<double> costs;
+  for (int32_t len : sorted_lengths)
     for (int h = 0; h < kv_heads; ++h)
       for (long k = 0; k < splits; ++k) {
         const long tokens = std::clamp(len - k * chunk, 0L, chunk);
-        const double t = free_at.top() + (tokens > 0 ? tokens + kStart : kEmpty);
-        free_at.pop();
-        free_at.push(t);
-        end = std::max(end, t);
+        costs.push_back(tokens > 0 ? static_cast<double>(tokens) + kCtaStart : kEmpty);
       }
-  return end + kMergePerSplit * static_cast<double>(splits);
+  return slot_fill_end(costs, slots) + kMergePerSplit * static_cast<double>(splits);
+}
+// Pieces, then the BF16 splits.
+double pieces_makespan(const std::vector<Int2Piece>& pieces, const std::vector<int32_t>& bf16_lengths, int kv_heads,
+                       long bf16_splits, long bf16_chunk, double bf16_weight, long slots) {
+  std::vector<double> costs;
+  std::vector<long> count(bf16_lengths.size(), bf16_splits);
+  for (const Int2Piece& piece : pieces) {
+    ++count[piece.sequence];
+    costs.insert(costs.end(), kv_heads, piece.end - piece.begin + kCtaStart);
+  }
+  for (int32_t len : bf16_lengths)
+    for (long k = 0; k < bf16_splits; ++k)
+      costs.insert(costs.end(), kv_heads, bf16_weight * std::clamp(len - k * bf16_chunk, 0L, bf16_chunk) + kCtaStart);
+  return slot_fill_end(costs, slots) + kMergePerSplit * static_cast<double>(*std::max_element(count.begin(), count.end()));
+}
+
+// Pieces of equal chunks, pair-major, shortest sequence first (ties in index order): a sequence without INT2 tokens
+// gets none, or the empty piece where there is no BF16 tier.
+std::vector<Int2Piece> equal_pieces(const std::vector<int32_t>& lengths, int chunk, bool bf16_tier) {
+  std::vector<Int2Piece> pieces;
+  for (int32_t b : ascending_order(lengths)) {
+    if (lengths[b] == 0 && !bf16_tier) pieces.push_back({b, 0, 0});
+    for (int begin = 0; begin < lengths[b]; begin += chunk) pieces.push_back({b, begin, std::min(lengths[b], begin + chunk)});
+  }
+  return pieces;
 }
 }  // namespace
 
@@ -169,29 +256,21 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     return std::max(q16, int2_chunk / 8 / q16 * q16);
   };
   bool parallel = false;
-  // Ragged batches run their sequences shortest first (see ascending_order).
+  double best = 0;  // the INT2 plan's cost (tokens)
   const bool ragged = cache.min_int2_length < cache.max_int2_length &&
                       cache.host_int2_lengths.size() == static_cast<size_t>(g.batch);
-  if (ragged && !std::is_sorted(cache.host_int2_lengths.begin(), cache.host_int2_lengths.end()))
-    plan.sequence_order = ascending_order(cache.host_int2_lengths);
   if (cache.max_int2_length > 0) {
     // INT2 splits: minimise (waves of CTAs) x (tokens per CTA + a fixed start-up cost) + a merge cost
     // per split, over chunks that are multiples of the split quantum (costs in tokens).
     const long q = kernels::kInt2SplitQuantum, len = cache.max_int2_length;
-    // Long CTAs leave the end of the launch waiting on the slowest of them, and the waves count above
-    // does not see it (H200, batch 64 / 128K: 1 split of 130816 tokens 1821 us, 4 of 32768 1649 us,
-    // 11 of 11904 1625 us; batch 32 / 32K: 2 of 16256 242.6 us, 4 of 8192 237.5 us): the search starts
-    // at chunks of at most 12K tokens.
-    constexpr long kMaxChunk = 12288;
-    // Ragged batches (not merged in parallel): the cost is ragged_makespan, for grids of at most 16 waves
-    // (finer splits never won in the model on batches 2-128 at 4K-128K; the bound keeps a plan within
-    // ~7 ms on a 2-core machine for batches 8-1024 at 100K, against ~160 ms at batch 256 without it).
+    // The search starts at chunks of kMaxChunk. Ragged batches (not merged in parallel): the cost is
+    // equal_chunk_makespan, for grids of at most 16 waves (finer splits never won in the model on batches 2-128 at
+    // 4K-128K; the bound keeps a plan within ~7 ms on a 2-core machine for batches 8-1024 at 100K, against ~160 ms at
+    // batch 256 without it).
     constexpr long kMaxRaggedWaves = 16;
     constexpr long kShortSplit = 2304;
-    // The slot-fill model sees the sequences in the grid's order: shortest first.
     std::vector<int32_t> sorted_lengths = cache.host_int2_lengths;
-    if (ragged) std::sort(sorted_lengths.begin(), sorted_lengths.end());
-    double best = 0;
+    std::sort(sorted_lengths.begin(), sorted_lengths.end());
     for (long s = (len + kMaxChunk - 1) / kMaxChunk; s <= (len + q - 1) / q; ++s) {
       const long chunk = ((len + s - 1) / s + q - 1) / q * q;
       const long splits = (len + chunk - 1) / chunk;
@@ -219,7 +298,7 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
         const double slowdown = per_sm <= 2 ? 1.0 : 1.0 + 0.26 * static_cast<double>(per_sm - 2);
         cost = (chunk + 384) * slowdown + kParallelSplitCost * splits;
       } else if (ragged && pairs * splits <= kMaxRaggedWaves * slots) {
-        cost = ragged_makespan(sorted_lengths, g.num_kv_heads, chunk, splits, slots);
+        cost = equal_chunk_makespan(sorted_lengths, g.num_kv_heads, chunk, splits, slots);
       }
       if (plan.int2_splits == 0 || cost < best) {
         best = cost;
@@ -229,7 +308,69 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
       }
     }
   }
-  if (cache.max_bf16_length > 0) {
+  // Ragged batches merged by the last CTA: equal chunks (the sequences shortest first, as pieces where the batch is
+  // not in that order: below), or where the longest sequence has >= kBalancedMinLength INT2 tokens, INT2 pieces (a
+  // work list) balanced over the sequences. Each sequence gets
+  // its own number of pieces (balanced_counts) for grids of w waves of slots, their BF16 CTAs included, from the
+  // fewest waves the pieces of <= kMaxChunk need to 15 more: the grid of least pieces_makespan. Inside a sequence the
+  // piece sizes fall from 1.3 to 0.7 times its mean, and the grid takes the pieces largest first, so that the
+  // smallest fill the multiprocessors that finish first (as the uniform split tables below). H200, Qwen3-8B, against
+  // equal chunks, same call, three rounds: ragged 8 / 100K 110.3 -> 106.5 us, 8 / 128K 135.6 -> 128.7, 32 / 100K
+  // 361.8 -> 345.3, 32 / 128K 447.7 -> 433.5, 64 / 100K 674.4 -> 667.5, 64 / 128K 850.9 -> 839.4; but at 32K and
+  // 8K, whose pieces are short, 1.3-8 % slower (8 / 32K 48.1 -> 51.9, 32 / 32K 138.0 -> 146.0, 32 / 8K 58.3 ->
+  // 67.4), and at 64 / 32K 1.3 % faster.
+  constexpr long kBalancedMinLength = 65536;
+  bool balanced = false;
+  if (ragged && !parallel && cache.max_int2_length >= kBalancedMinLength) {
+    const long q16 = kernels::kBf16SplitQuantum;
+    const double bf16_weight = 4.0 * g.head_dim / (g.head_dim / 2 + g.int2_metadata_row_bytes());
+    const std::vector<int32_t>& lengths = cache.host_int2_lengths;
+    const std::vector<int32_t> bf16_lengths = cache.host_bf16_lengths.size() == static_cast<size_t>(g.batch)
+                                                  ? cache.host_bf16_lengths
+                                                  : std::vector<int32_t>(g.batch, cache.max_bf16_length);
+    auto bf16_split_count = [&](long int2_chunk) {  // BF16 CTAs of at most 1/8 of an INT2 CTA, as below
+      return (cache.max_bf16_length + longest_bf16(int2_chunk) - 1) / longest_bf16(int2_chunk);
+    };
+    const std::vector<int32_t> order = ascending_order(lengths);
+    long fewest = 0;
+    for (int32_t n : lengths) fewest += (n + kMaxChunk - 1) / kMaxChunk;
+    const long w0 = std::max(1L, (fewest * g.num_kv_heads + pairs * bf16_split_count(kMaxChunk) + slots - 1) / slots);
+    double balanced_best = 0;
+    for (long w = w0; w < w0 + 16; ++w) {
+      long b16 = bf16_split_count(kMaxChunk);
+      std::vector<long> counts;
+      for (int pass = 0; pass < 2; ++pass) {  // again if the pieces came out short enough for more BF16 splits
+        counts = balanced_counts(lengths, (w * slots - pairs * b16) / g.num_kv_heads, b16 > 0);
+        long longest = 0;
+        for (size_t b = 0; b < counts.size(); ++b)
+          if (counts[b] > 0) longest = std::max<long>(longest, (lengths[b] + counts[b] - 1) / counts[b]);
+        if (counts.empty() || bf16_split_count(longest) == b16) break;
+        b16 = bf16_split_count(longest);
+      }
+      if (counts.empty()) continue;
+      const long most = *std::max_element(counts.begin(), counts.end());
+      if (!kernels::fused_merge_fits(static_cast<int>(most + b16), g.group, g.head_dim)) continue;
+      std::vector<Int2Piece> pieces;
+      for (int32_t b : order) {
+        if (lengths[b] == 0 && counts[b] > 0) pieces.push_back({b, 0, 0});
+        if (lengths[b] == 0) continue;
+        const std::vector<int> start = falling_starts(lengths[b], static_cast<int>(counts[b]), 1.3);
+        for (size_t k = 0; k + 1 < start.size(); ++k) pieces.push_back({b, start[k], start[k + 1]});
+      }
+      std::stable_sort(pieces.begin(), pieces.end(), [](const Int2Piece& x, const Int2Piece& y) {
+        return x.end - x.begin > y.end - y.begin;
+      });
+      const long bf16_chunk = b16 > 0 ? (cache.max_bf16_length + b16 * q16 - 1) / (b16 * q16) * q16 : q16;
+      const double cost = pieces_makespan(pieces, bf16_lengths, g.num_kv_heads, b16, bf16_chunk, bf16_weight, slots);
+      if (!balanced || cost < balanced_best) {
+        balanced = true, balanced_best = cost;
+        plan.int2_splits = static_cast<int>(most), plan.int2_chunk = std::max(pieces.front().end - pieces.front().begin, 1);
+        plan.int2_pieces = std::move(pieces);
+        plan.bf16_splits = static_cast<int>(b16), plan.bf16_chunk = static_cast<int>(bf16_chunk);
+      }
+    }
+  }
+  if (cache.max_bf16_length > 0 && !balanced) {
     // BF16 CTAs follow the INT2 CTAs in the grid: as many as the slots the INT2 CTAs' last wave leaves
     // free (few long ones at large batches: batch 32 / 8K 82.3 -> 77.1 us with 1 split instead of 3), but
     // none longer than 1/8 of an INT2 CTA, since they run last (batch 8 / 8K, 1024-token INT2 CTAs: one
@@ -247,6 +388,12 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     plan.bf16_splits = (cache.max_bf16_length + plan.bf16_chunk - 1) / plan.bf16_chunk;
   }
   if (plan.splits_total() == 0) plan.bf16_splits = 1;  // every split empty: the output is zeros
+  // Equal chunks of a ragged batch not shortest first: the same grid, reordered, as pieces. (Not for batches in that
+  // order already: reading the work list cost their CTAs' start, e.g. ragged 64 / 8K 93.4 -> 96.0 us.)
+  if (ragged && !parallel && !balanced &&
+      !std::is_sorted(cache.host_int2_lengths.begin(), cache.host_int2_lengths.end()) &&
+      kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim))
+    plan.int2_pieces = equal_pieces(cache.host_int2_lengths, plan.int2_chunk, plan.bf16_splits > 0);
   // A multiprocessor runs the CTAs it received first ahead of its later ones (H200, batch 64 / 8K: four
   // equal CTAs started together on one multiprocessor ended after 82, 94, 108 and 123 us), so a wave of
   // equal CTAs ends over a long stretch. Where the INT2 CTAs make two or more waves, they go split-major with
@@ -261,19 +408,10 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
   const long int2_ctas = pairs * plan.int2_splits, int2_waves = (int2_ctas + slots - 1) / slots;
   if (!parallel && cache.min_int2_length == cache.max_int2_length && plan.int2_splits >= 2 &&
       plan.int2_splits <= kernels::kDecodeMaxTableSplits && int2_waves >= 2) {
-    const long q = kernels::kInt2SplitQuantum, quanta = (cache.max_int2_length + q - 1) / q;
-    const int splits = plan.int2_splits;
-    const double first = int2_waves == 2 ? 1.3 : 1.7;
-    std::vector<double> cumulative(splits + 1, 0.0);
-    for (int s = 0; s < splits; ++s) cumulative[s + 1] = cumulative[s] + first - 2 * (first - 1) * s / (splits - 1);
-    plan.int2_split_start.assign(splits + 1, 0);
+    plan.int2_split_start = falling_starts(cache.max_int2_length, plan.int2_splits, int2_waves == 2 ? 1.3 : 1.7);
     int largest = 0;
-    for (int s = 1; s <= splits; ++s) {
-      const long at = std::lround(static_cast<double>(quanta) * cumulative[s] / cumulative[splits]);
-      const long lo = plan.int2_split_start[s - 1] / q + 1, hi = quanta - (splits - s);
-      plan.int2_split_start[s] = static_cast<int>(std::clamp(at, lo, hi) * q);
+    for (int s = 1; s <= plan.int2_splits; ++s)
       largest = std::max(largest, plan.int2_split_start[s] - plan.int2_split_start[s - 1]);
-    }
     plan.int2_chunk = largest;
   } else if (!parallel && cache.min_int2_length == cache.max_int2_length &&
              plan.int2_splits <= kernels::kDecodeMaxTableSplits && int2_ctas > 0 && int2_ctas <= slots &&
@@ -295,7 +433,7 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
 bool runs_parallel_merge(const PagedCacheGeometry& g, const CudaDecodePlan& plan) {
   // Its CTAs wait on the splits, so they and all splits must be resident at once.
   const long pairs = static_cast<long>(g.batch) * g.num_kv_heads;
-  return plan.parallel_merge && kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim) &&
+  return plan.parallel_merge && plan.int2_pieces.empty() && kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim) &&
          kernels::parallel_merge_fits(plan.splits_total(), g.head_dim) &&
          pairs * (plan.splits_total() + kernels::parallel_merge_parts(g.group, g.head_dim)) <=
              static_cast<long>(cuda_multiprocessor_count()) * kernels::paged_decode_ctas_per_sm(g.head_dim);
@@ -304,6 +442,66 @@ bool runs_parallel_merge(const PagedCacheGeometry& g, const CudaDecodePlan& plan
 bool runs_split_table(const CudaDecodePlan& plan, bool parallel_merge) {
   return !parallel_merge && plan.int2_split_start.size() == static_cast<size_t>(plan.int2_splits) + 1;
 }
+
+namespace {
+// The grid of a plan with INT2 pieces: a CTA per piece and KV head in the plan's order, then the BF16 CTAs by sequence
+// (in the order of their first pieces), KV head and split. A pair's partial slots: its pieces in grid order, then its BF16 splits. Throws unless each
+// sequence's pieces tile its INT2 tokens from 0 in whole quanta within the plan's int2_splits x int2_chunk, and every
+// pair gets a partial.
+std::vector<kernels::DecodeWork> work_list(const DevicePagedCache& cache, const CudaDecodePlan& plan) {
+  const auto& g = cache.geometry;
+  OSCAR_CHECK(cache.host_int2_lengths.size() == static_cast<size_t>(g.batch) &&
+                  cache.host_bf16_lengths.size() == static_cast<size_t>(g.batch),
+              "cuda decode: INT2 pieces need the cache's lengths on the host");
+  std::vector<std::vector<std::pair<int, int>>> ranges(g.batch);
+  for (const auto& piece : plan.int2_pieces) {
+    OSCAR_CHECK(piece.sequence >= 0 && piece.sequence < g.batch, "cuda decode: an INT2 piece of sequence {} (batch {})",
+                piece.sequence, g.batch);
+    ranges[piece.sequence].push_back({piece.begin, piece.end});
+  }
+  std::vector<int> count(g.batch);
+  for (int b = 0; b < g.batch; ++b) {
+    auto r = ranges[b];
+    std::sort(r.begin(), r.end());
+    const long len = cache.host_int2_lengths[b];
+    bool ok = static_cast<int>(r.size()) <= plan.int2_splits && (len == 0 || !r.empty());
+    for (size_t i = 0; ok && i < r.size(); ++i) {
+      const int begin = r[i].first, end = r[i].second, size = end - begin;
+      ok = begin == (i == 0 ? 0 : r[i - 1].second) && begin % kernels::kInt2SplitQuantum == 0 &&
+           size <= plan.int2_chunk && (size > 0 || (len == 0 && r.size() == 1));
+    }
+    ok = ok && (r.empty() || r.back().second >= len);
+    OSCAR_CHECK(ok, "cuda decode: sequence {}'s {} INT2 pieces do not tile its {} tokens from 0 in whole quanta within "
+                "the plan's {} x {}", b, r.size(), len, plan.int2_splits, plan.int2_chunk);
+    count[b] = static_cast<int>(r.size()) + plan.bf16_splits;
+    OSCAR_CHECK(count[b] >= 1, "cuda decode: sequence {} has neither an INT2 piece nor a BF16 split", b);
+  }
+  std::vector<kernels::DecodeWork> work;
+  std::vector<int> next(static_cast<size_t>(g.batch) * g.num_kv_heads, 0);  // next free slot per pair
+  auto add = [&](int32_t b, int kv, long begin, long end) {
+    kernels::DecodeWork w;
+    w.pair = b * g.num_kv_heads + kv;
+    w.slot = static_cast<uint16_t>(next[w.pair]++), w.count = static_cast<uint16_t>(count[b]);
+    w.begin = static_cast<int32_t>(begin), w.end = static_cast<int32_t>(std::max(begin, end));
+    work.push_back(w);
+  };
+  for (const auto& piece : plan.int2_pieces)
+    for (int kv = 0; kv < g.num_kv_heads; ++kv)
+      add(piece.sequence, kv, piece.begin, std::min<long>(cache.host_int2_lengths[piece.sequence], piece.end));
+  std::vector<int32_t> order;  // the sequences by their first piece, then those without one
+  std::vector<char> listed(g.batch, 0);
+  for (const auto& piece : plan.int2_pieces)
+    if (!listed[piece.sequence]) listed[piece.sequence] = 1, order.push_back(piece.sequence);
+  for (int b = 0; b < g.batch; ++b)
+    if (!listed[b]) order.push_back(b);
+  for (int32_t b : order)
+    for (int kv = 0; kv < g.num_kv_heads; ++kv)
+      for (int k = 0; k < plan.bf16_splits; ++k)
+        add(b, kv, static_cast<long>(k) * plan.bf16_chunk,
+            std::min<long>(cache.host_bf16_lengths[b], static_cast<long>(k + 1) * plan.bf16_chunk));
+  return work;
+}
+}  // namespace
 
 void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& plan, const float* queries,
                            float softmax_scale, const float* value_rotation_t, float* out, cudaStream_t stream) {
@@ -346,18 +544,17 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   p.int2_page_table = cache.int2_page_table.get();
   p.int2_max_pages = cache.int2_max_pages;
   p.int2_lengths = cache.int2_lengths.get();
-  if (!plan.sequence_order.empty()) {
-    if (plan.sequence_order != order_host_) {  // checked and uploaded when it changes
-      std::vector<char> seen(g.batch, 0);
-      for (int32_t b : plan.sequence_order)
-        if (b >= 0 && b < g.batch) seen[b] = 1;
-      OSCAR_CHECK(plan.sequence_order.size() == static_cast<size_t>(g.batch) &&
-                      std::all_of(seen.begin(), seen.end(), [](char v) { return v != 0; }),
-                  "cuda decode: the plan's sequence order is not a permutation of the batch's {} sequences", g.batch);
-      order_.upload(plan.sequence_order);
-      order_host_ = plan.sequence_order;
+  if (!plan.int2_pieces.empty()) {
+    OSCAR_CHECK(fused && !parallel && !table, "cuda decode: INT2 pieces need the last-CTA merge");
+    std::vector<kernels::DecodeWork> work = work_list(cache, plan);
+    if (work.size() != work_host_.size() ||
+        std::memcmp(work.data(), work_host_.data(), work.size() * sizeof(kernels::DecodeWork)) != 0) {
+      work_.upload(work);
+      work_host_ = std::move(work);
     }
-    p.sequence_order = order_.get();
+    p.work = work_.get();
+    p.work_ctas = static_cast<int>(work_host_.size());
+    p.work_int2_ctas = static_cast<int>(work_host_.size() - pairs * plan.bf16_splits);
   }
   p.int2_splits = plan.int2_splits;
   p.int2_chunk = plan.int2_chunk;

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/paged_cache.h"
+#include "paged_decode.h"
 
 namespace oscar {
 
@@ -67,6 +68,7 @@ struct DevicePagedCache {
   int max_int2_length = 0, max_bf16_length = 0;
   int min_int2_length = 0;  // the shortest INT2 tier of the batch
   std::vector<int32_t> host_int2_lengths;  // [batch] INT2 tokens per sequence (split planning)
+  std::vector<int32_t> host_bf16_lengths;  // [batch] BF16 tokens per sequence (work lists)
   DeviceBuffer<int32_t> int2_lengths, bf16_lengths, int2_page_table, bf16_page_table;
   DeviceBuffer<uint8_t> key_codes, value_codes;
   DeviceBuffer<uint8_t> int2_metadata;  // [int2 rows, 4] fp32 or fp16 values
@@ -98,10 +100,16 @@ struct CudaDecodePlan {
   // Two softmax streams per INT2 warp (kernels::PagedDecodeParams::int2_streams): the planner's choice is
   // int2_chunk >= kernels::kInt2StreamsMinChunk.
   bool int2_streams = true;
-  // The order in which the grid takes the sequences (kernels::PagedDecodeParams::sequence_order; a permutation of
-  // the batch); empty: 0, 1, .. The planner orders ragged batches by ascending INT2 length where they are not in
-  // that order already (H200: the reverse order had been 1.3-10 % slower).
-  std::vector<int32_t> sequence_order;
+  // Ragged batches merged by the last CTA: the INT2 tier as pieces of each sequence (one CTA per piece and KV head),
+  // in the order the grid takes them; empty: int2_splits splits of int2_chunk tokens for every sequence. A sequence's
+  // pieces tile its INT2 tokens from 0, each starting at a multiple of kInt2SplitQuantum (a sequence without INT2
+  // tokens has none, or the empty piece [0, 0) when there is no BF16 tier). With pieces, int2_splits is the most
+  // pieces of any sequence, int2_chunk the longest piece, and the decoder runs a work list (kernels::DecodeWork).
+  struct Int2Piece {
+    int32_t sequence = 0, begin = 0, end = 0;  // INT2 tokens [begin, end)
+    bool operator==(const Int2Piece&) const = default;
+  };
+  std::vector<Int2Piece> int2_pieces;
   int splits_total() const { return int2_splits + bf16_splits; }
 };
 CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int ctas_per_sm = 0);
@@ -126,8 +134,8 @@ class CudaPagedDecoder {
  private:
   DeviceBuffer<float> partial_out_, partial_lse2_;
   DeviceBuffer<unsigned> counters_;  // [B, Hkv] fused-merge arrival counters, left at zero by each call
-  DeviceBuffer<int32_t> order_;      // the last plan's sequence_order on the device (uploaded when it changes)
-  std::vector<int32_t> order_host_;
+  DeviceBuffer<kernels::DecodeWork> work_;  // the last work list on the device (uploaded when it changes)
+  std::vector<kernels::DecodeWork> work_host_;
 };
 
 }  // namespace oscar

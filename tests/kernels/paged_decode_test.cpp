@@ -38,7 +38,10 @@ struct DecodeCase {
   bool expect_planned_table = false;  // the planner itself must choose a split table
   int expect_min_int2_splits = 0;     // the planner must choose at least this many INT2 splits
   bool expect_parallel_merge = false;  // the plan must run with the parallel merge (its grid fits one wave)
-  bool expect_sequence_order = false;  // the plan must reorder the sequences (a ragged batch not shortest first)
+  bool expect_pieces = false;  // the planner must cut the INT2 tier into pieces of each sequence (a ragged batch)
+  // Non-empty: INT2 pieces made by hand instead of the planner's: each (sequence, chunk) in turn, the sequence in
+  // equal pieces of chunk tokens (one empty piece for a sequence without tokens where there is no BF16 tier).
+  std::vector<std::pair<int, int>> sequence_chunks;
   MetadataType metadata = MetadataType::fp32;  // rounding of the INT2 (scale, zero)
   bool fp16_storage = false;                   // the fp16 metadata layout on the device (needs fp16 rounding)
   // Two softmax streams in the INT2 loop (g <= 4): 0 / 1 forced off / on; -1 the planner's choice (splits of
@@ -105,6 +108,7 @@ std::vector<float> run_case(const DecodeCase& c) {
   if (c.rotate) drot.upload(rotation_t);
   CudaPagedDecoder decoder;
   CudaDecodePlan plan = plan_cuda_decode(dev, cuda_multiprocessor_count(), c.ctas_per_sm);
+  if ((c.force_int2_chunk > 0 && dev.max_int2_length > 0) || !c.split_starts.empty()) plan.int2_pieces.clear();
   if (c.force_int2_chunk > 0 && dev.max_int2_length > 0) {
     plan.int2_chunk = c.force_int2_chunk;
     plan.int2_splits = (dev.max_int2_length + plan.int2_chunk - 1) / plan.int2_chunk;
@@ -123,8 +127,17 @@ std::vector<float> run_case(const DecodeCase& c) {
   EXPECT_GE(plan.int2_splits, c.expect_min_int2_splits) << c.label;
   if (c.expect_planned_table)
     EXPECT_EQ(plan.int2_split_start.size(), static_cast<size_t>(plan.int2_splits) + 1) << c.label << ": no split table";
-  if (c.expect_sequence_order)
-    EXPECT_EQ(plan.sequence_order.size(), static_cast<size_t>(g.batch)) << c.label << ": no sequence order";
+  if (c.expect_pieces) EXPECT_FALSE(plan.int2_pieces.empty()) << c.label << ": no INT2 pieces";
+  if (!c.sequence_chunks.empty()) {
+    plan.int2_pieces.clear();
+    plan.int2_splits = plan.int2_chunk = 0;
+    for (const auto& [b, chunk] : c.sequence_chunks) {
+      const int len = c.int2_lengths[b], splits = std::max((len + chunk - 1) / chunk, plan.bf16_splits == 0 ? 1 : 0);
+      for (int k = 0; k < splits; ++k) plan.int2_pieces.push_back({b, k * chunk, std::min(len, (k + 1) * chunk)});
+      plan.int2_splits = std::max(plan.int2_splits, splits), plan.int2_chunk = std::max(plan.int2_chunk, chunk);
+    }
+    plan.int2_split_start.clear();
+  }
   if (c.expect_parallel_merge)
     EXPECT_TRUE(runs_parallel_merge(g, plan))
         << c.label << ": " << plan.int2_splits << " + " << plan.bf16_splits << " splits, no parallel merge";
@@ -188,42 +201,109 @@ TEST(PagedDecode, RaggedBatchIsPlannedByTheCtasWithTokens) {
   DecodeCase c{128, 4, 8, {60000, 2000, 2000, 2000, 2000, 2000, 2000, 2000}, std::vector<int32_t>(8, 320), 64, 64, 4,
                true, "ragged, one long sequence"};
   c.expect_min_int2_splits = 16;
+  c.expect_pieces = true;
   run_case(c);
 }
 
-TEST(PagedDecode, RaggedBatchesRunShortestFirst) {
-  // Planner only: a ragged batch not in ascending order gets the order of ascending INT2 length (ties in index
-  // order); one already in it, and a uniform one, get none.
-  DevicePagedCache cache;
-  cache.geometry.batch = 5;
-  cache.geometry.num_kv_heads = 8;
-  cache.geometry.group = 4;
-  cache.geometry.head_dim = 128;
-  cache.host_int2_lengths = {30000, 9000, 30000, 500, 12000};
-  cache.min_int2_length = 500, cache.max_int2_length = 30000;
-  cache.max_bf16_length = 320;
-  EXPECT_EQ(plan_cuda_decode(cache, 132, 4).sequence_order, (std::vector<int32_t>{3, 1, 4, 0, 2}));
-  cache.host_int2_lengths = {500, 9000, 12000, 30000, 30000};
-  EXPECT_TRUE(plan_cuda_decode(cache, 132, 4).sequence_order.empty());
-  cache.host_int2_lengths.assign(5, 30000);
-  cache.min_int2_length = 30000;
-  EXPECT_TRUE(plan_cuda_decode(cache, 132, 4).sequence_order.empty());
+TEST(PagedDecode, RaggedBatchesArePlannedInPiecesPerSequence) {
+  // Planner only, 132 multiprocessors: ragged batches (here not in ascending order) get INT2 pieces of each sequence
+  // that tile its tokens from 0 in whole quanta, and piece counts balanced by their mean size: no sequence keeps a
+  // piece whose removal would leave its mean above the plan's largest mean. Below 64K tokens the pieces are equal
+  // chunks, the sequences shortest first (and a batch in that order already gets none); from 64K, balanced pieces,
+  // largest first. Uniform batches get none.
+  const int q = kernels::kInt2SplitQuantum;
+  const std::vector<std::vector<int32_t>> batches{{30000, 9000, 30000, 500, 12000},
+                                                  {102080, 91113, 80146, 69180, 58213, 47246, 36280, 25313},
+                                                  {131000, 0, 7000}};
+  for (const auto& lengths : batches) {
+    SCOPED_TRACE("batch " + std::to_string(lengths.size()) + ", longest " + std::to_string(lengths[0]));
+    DevicePagedCache cache;
+    cache.geometry.batch = static_cast<int>(lengths.size());
+    cache.geometry.num_kv_heads = 8;
+    cache.geometry.group = 4;
+    cache.geometry.head_dim = 128;
+    cache.host_int2_lengths = lengths;
+    cache.min_int2_length = *std::min_element(lengths.begin(), lengths.end());
+    cache.max_int2_length = *std::max_element(lengths.begin(), lengths.end());
+    cache.max_bf16_length = 320;
+    const CudaDecodePlan plan = plan_cuda_decode(cache, 132, 4);
+    ASSERT_FALSE(plan.int2_pieces.empty());
+    std::vector<std::vector<std::pair<int, int>>> ranges(lengths.size());
+    int longest = 0;
+    for (const auto& piece : plan.int2_pieces) {
+      ranges.at(piece.sequence).push_back({piece.begin, piece.end});
+      longest = std::max(longest, piece.end - piece.begin);
+    }
+    EXPECT_EQ(plan.int2_chunk, longest);
+    size_t most = 0;
+    long largest_mean = 0;
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      auto& r = ranges[b];
+      std::sort(r.begin(), r.end());
+      most = std::max(most, r.size());
+      EXPECT_EQ(r.empty(), lengths[b] == 0) << "sequence " << b;
+      for (size_t i = 0; i < r.size(); ++i) {
+        EXPECT_EQ(r[i].first, i == 0 ? 0 : r[i - 1].second) << "sequence " << b << ", piece " << i;
+        EXPECT_EQ(r[i].first % q, 0);
+        EXPECT_GT(r[i].second, r[i].first) << "sequence " << b << ": an empty piece";
+      }
+      if (!r.empty()) {
+        EXPECT_GE(r.back().second, lengths[b]) << "sequence " << b << " not covered";
+        EXPECT_LT(r.back().first, lengths[b]);
+        largest_mean = std::max<long>(largest_mean, (lengths[b] + r.size() - 1) / r.size());
+      }
+    }
+    EXPECT_EQ(plan.int2_splits, static_cast<int>(most));
+    if (lengths[0] < 65536) {  // equal chunks, the sequences shortest first
+      std::vector<int32_t> order;
+      for (const auto& piece : plan.int2_pieces)
+        if (order.empty() || order.back() != piece.sequence) order.push_back(piece.sequence);
+      EXPECT_EQ(order, (std::vector<int32_t>{3, 1, 4, 0, 2}));
+    } else {  // balanced pieces, largest first
+      for (size_t i = 1; i < plan.int2_pieces.size(); ++i)
+        EXPECT_LE(plan.int2_pieces[i].end - plan.int2_pieces[i].begin,
+                  plan.int2_pieces[i - 1].end - plan.int2_pieces[i - 1].begin);
+    }
+    for (size_t b = 0; b < lengths.size(); ++b)
+      if (ranges[b].size() >= 2)
+        EXPECT_GE((lengths[b] + ranges[b].size() - 2) / (ranges[b].size() - 1), largest_mean) << "sequence " << b;
+  }
+  DevicePagedCache sorted;  // below 64K and already shortest first: the plain grid (no work list)
+  sorted.geometry.batch = 5, sorted.geometry.num_kv_heads = 8, sorted.geometry.group = 4;
+  sorted.geometry.head_dim = 128;
+  sorted.host_int2_lengths = {500, 9000, 12000, 30000, 30000};
+  sorted.min_int2_length = 500, sorted.max_int2_length = 30000;
+  sorted.max_bf16_length = 320;
+  EXPECT_TRUE(plan_cuda_decode(sorted, 132, 4).int2_pieces.empty());
+  DevicePagedCache uniform;
+  uniform.geometry.batch = 5, uniform.geometry.num_kv_heads = 8, uniform.geometry.group = 4;
+  uniform.geometry.head_dim = 128;
+  uniform.host_int2_lengths.assign(5, 30000);
+  uniform.min_int2_length = uniform.max_int2_length = 30000;
+  uniform.max_bf16_length = 320;
+  EXPECT_TRUE(plan_cuda_decode(uniform, 132, 4).int2_pieces.empty());
 }
 
-TEST(PagedDecode, RaggedBatchInDescendingOrder) {
-  // Longest first (with ties), pages of 16 and 64, the last-CTA merge: the grid takes the sequences in the planner's
-  // order (shortest first) and every output lands in its own sequence's rows.
+TEST(PagedDecode, Int2PiecesInAnyOrder) {
+  // INT2 pieces made by hand, the last-CTA merge: longest first (with ties), a sequence without INT2 tokens
+  // (no INT2 piece, its BF16 partial only) and one whose pieces are 1 quantum, pages of 16 and 64; and a batch
+  // without a BF16 tier, whose INT2-less sequence keeps one empty INT2 piece. Every output must land in its own
+  // sequence's rows.
   for (int page : {16, 64}) {
     DecodeCase c{128, 4, 4, {9000, 4100, 4100, 1000, 129, 0}, {320, 7, 64, 0, 33, 5}, page, 64, 4, true,
-                 "descending ragged batch, page " + std::to_string(page)};
+                 "INT2 pieces, longest first, page " + std::to_string(page)};
     c.parallel_merge = false;
-    c.expect_sequence_order = true;
+    c.sequence_chunks = {{0, 2304}, {1, 1024}, {2, 4224}, {3, 128}, {4, 256}, {5, 128}};
     run_case(c);
   }
-  DecodeCase g8{64, 8, 2, {7000, 3000, 64}, {320, 320, 320}, 64, 64, 4, true, "descending ragged batch, d=64 g=8"};
+  DecodeCase g8{64, 8, 2, {7000, 3000, 64}, {320, 320, 320}, 64, 64, 4, true, "INT2 pieces, d=64 g=8"};
   g8.parallel_merge = false;
-  g8.expect_sequence_order = true;
+  g8.sequence_chunks = {{2, 128}, {0, 1792}, {1, 3072}};
   run_case(g8);
+  DecodeCase none{128, 4, 2, {5000, 0, 700}, {0, 0, 0}, 64, 64, 4, true, "INT2 pieces, no BF16 tier"};
+  none.parallel_merge = false;
+  none.sequence_chunks = {{1, 128}, {2, 384}, {0, 1280}};
+  run_case(none);
 }
 
 TEST(PagedDecode, SmallestSplitsAndRepeatedCalls) {
@@ -456,10 +536,19 @@ TEST(PagedDecode, RefusesAPlanThatDoesNotCoverTheCache) {
   plan.int2_split_start.back() = 3072;
   EXPECT_NO_THROW(run());
   plan.int2_split_start.clear();
-  plan.sequence_order = {1, 1};  // not a permutation of the 2 sequences
+  using Piece = CudaDecodePlan::Int2Piece;
+  plan.int2_pieces = {{1, 0, 1024}, {1, 1024, 2000}, {1, 0, 1024}};  // sequence 1 twice over, sequence 0 none
   EXPECT_THROW(run(), Error);
-  plan.sequence_order = {1, 0};
+  plan.int2_pieces = {{1, 0, 2000}, {0, 0, 1024}, {0, 1024, 2048}};  // sequence 0: 2048 of 3000 INT2 tokens
+  EXPECT_THROW(run(), Error);
+  plan.int2_pieces = {{1, 0, 2000}, {0, 0, 1024}, {0, 1024, 3000}};  // a piece of 1976 > int2_chunk
+  EXPECT_THROW(run(), Error);
+  plan.int2_pieces = {{1, 0, 2000}, {0, 0, 1000}, {0, 1000, 2000}, {0, 2000, 3000}};  // not whole quanta
+  EXPECT_THROW(run(), Error);
+  plan.int2_pieces = {{1, 1024, 2000}, {0, 2048, 3000}, {0, 0, 1024}, {1, 0, 1024}, {0, 1024, 2048}};
   EXPECT_NO_THROW(run());
+  plan.int2_pieces.push_back(Piece{0, 3072, 3200});  // a fourth piece of sequence 0, past its tokens
+  EXPECT_THROW(run(), Error);
   cuda_check(cudaDeviceSynchronize(), "decode");
 }
 
