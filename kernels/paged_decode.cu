@@ -1248,7 +1248,9 @@ enum class Int2Pages { none, small, paired };
 // kernel of its own for the same reason (batch 64 / 8K 133 -> 138 us with the table read in every kernel).
 // M16: fp16 INT2 metadata (p.int2_metadata_fp16; paired pages only).
 // STREAMS: two softmax streams in the INT2 warps (g <= 4, not with PARALLEL).
-template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS>
+// WORK (not with PARALLEL or TABLE): the CTAs take their shares from p.work, a kernel of its own so that the grids
+// without a work list keep their code (in one kernel, ragged 64 / 8K and 32 / 8K ran 1.9-2.4 % slower).
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK>
 __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_decode_kernel(const PagedDecodeParams p) {
   constexpr bool HAS_INT2 = PAGES != Int2Pages::none;
   // 128-byte aligned: with the static is_last below, a 16-byte alignment put the dynamic base 16 bytes past a
@@ -1267,16 +1269,12 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   }
   // This CTA's pair, partial slot, the pair's partial count and (from a work list) its token range.
   int pair, split, count = S, t_begin = 0, t_end = 0;
-  bool int2, listed = false;
-  if constexpr (!TABLE && !PARALLEL) {  // (the planner gives work lists only to ragged batches, which take neither)
-    if (p.work) {
-      const int4 w = __ldg(reinterpret_cast<const int4*>(p.work) + blockIdx.x);  // DecodeWork
-      int2 = HAS_INT2 && (int)blockIdx.x < p.work_int2_ctas;
-      pair = w.x, split = w.y & 0xffff, count = (unsigned)w.y >> 16, t_begin = w.z, t_end = w.w;
-      listed = true;
-    }
-  }
-  if (!listed) {
+  bool int2;
+  if constexpr (WORK) {
+    const int4 w = __ldg(reinterpret_cast<const int4*>(p.work) + blockIdx.x);  // DecodeWork
+    int2 = HAS_INT2 && (int)blockIdx.x < p.work_int2_ctas;
+    pair = w.x, split = w.y & 0xffff, count = (unsigned)w.y >> 16, t_begin = w.z, t_end = w.w;
+  } else {
     const int int2_ctas = HAS_INT2 ? pairs * p.int2_splits : 0;
     int2 = HAS_INT2 && (int)blockIdx.x < int2_ctas;
     if (TABLE && int2) {  // split-major
@@ -1315,11 +1313,11 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
         }
     }
   }
-  if (!listed && int2) {
+  if (!WORK && int2) {
     const int len = p.int2_lengths[b];
     t_begin = TABLE ? p.int2_split_start[split] : split * p.int2_chunk;
     t_end = min(len, TABLE ? p.int2_split_start[split + 1] : t_begin + p.int2_chunk);
-  } else if (!listed) {
+  } else if (!WORK) {
     const int s = split - (HAS_INT2 ? p.int2_splits : 0);
     const int len = p.bf16_lengths[b];
     t_begin = s * p.bf16_chunk;
@@ -1407,17 +1405,24 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
 }
 
-template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS>
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   static const bool configured = [] {
-    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS>,
+    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, WORK>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
     return true;
   }();
   (void)configured;
   const int pairs = p.batch * p.num_kv_heads;
-  const unsigned ctas = p.work ? (unsigned)p.work_ctas : (unsigned)(pairs * (p.splits_total() + p.merge_parts));
-  paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
+  const unsigned ctas = WORK ? (unsigned)p.work_ctas : (unsigned)(pairs * (p.splits_total() + p.merge_parts));
+  paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, WORK><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
+}
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS>
+void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
+  if constexpr (!PARALLEL && !TABLE) {
+    if (p.work) return launch_kernel<D, PAGES, false, false, M16, STREAMS, true>(p, stream);
+  }
+  launch_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, false>(p, stream);
 }
 
 // Two softmax streams in the INT2 loop when asked (int2_streams) and the heads fit twice in the 8 mma columns (and
@@ -1456,7 +1461,7 @@ void launch_for_dim(const PagedDecodeParams& p, cudaStream_t stream) {
 
 template <int D>
 int occupancy() {
-  const auto kernel = paged_decode_kernel<D, Int2Pages::paired, false, false, false, false>;  // the default 64-token pages
+  const auto kernel = paged_decode_kernel<D, Int2Pages::paired, false, false, false, false, false>;  // the default 64-token pages
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
   int n = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem_bytes<D>()) != cudaSuccess)
