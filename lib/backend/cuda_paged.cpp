@@ -139,9 +139,7 @@ std::vector<int> falling_starts(long length, int splits, double first) {
   return start;
 }
 
-// Ragged batches merged by the last CTA: every sequence gets its own number of INT2 pieces, so that their mean sizes
-// are about equal whatever the lengths (the splits of one chunk for all left the multiprocessors that held the
-// longest sequences' full splits working ~16 us after the others: H200, ragged batch 8 / 100K, per-CTA trace).
+// Ragged batches of long sequences: every sequence gets its own number of INT2 pieces (see plan_cuda_decode).
 using Int2Piece = CudaDecodePlan::Int2Piece;
 // INT2 tokens per split at most: long CTAs leave the end of the launch waiting on the slowest of them, and the
 // planner's waves count does not see it (H200, batch 64 / 128K: 1 split of 130816 tokens 1821 us, 4 of 32768 1649
