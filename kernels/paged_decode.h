@@ -95,8 +95,8 @@ struct PagedDecodeParams {
   int work_int2_ctas = 0, work_ctas = 0;
 };
 
-// Grid: one CTA per (split, KV head, sequence) or per work-list entry, INT2 CTAs first. CTAs of the INT2 path that fit on one
-// multiprocessor at once (occupancy), for split planning.
+// Grid: one CTA per (split, KV head, sequence) or per work-list entry, INT2 CTAs first. CTAs of the INT2 path
+// that fit on one multiprocessor at once (occupancy), for split planning.
 int paged_decode_ctas_per_sm(int head_dim);
 // Whether the fused merge's shared-memory scratch (splits_total * g weights, g * d merged outputs,
 // 512 / d row slices of g * d for the un-rotation) fits.
