@@ -919,11 +919,11 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
 }
 
 // ---------------------------------------------------------------- fused merge
-// The last CTA of (b, kv) is alone on the critical path of small batches, so every phase keeps many
-// loads in flight: the split weights exp2(lse2_s - max) / sum from one pass over lse2, the weighted sum
-// of the partials in float4 loads (read through L2: other CTAs of this launch wrote them), then
-// o'[g, d] . R_V^T by (row slice, column quad) threads (R_V^T was prefetched to L2 at the start of the
-// launch), the row slices summed in a fixed order. Scratch aliases the CTA's shared memory.
+// The last CTA of (b, kv) to finish merges its partials (merge_pair): it is alone on the critical path at the end of
+// the launch, so each phase keeps many loads in flight: the split weights exp2(lse2_s - max) / sum from one pass over
+// lse2, the weighted sum of the partials (read through L2: other CTAs of this launch wrote them), then o'[g, d] .
+// R_V^T by (row slice, column quad) threads, the row slices summed in a fixed order. Scratch aliases the CTA's shared
+// memory.
 template <int D>
 constexpr int merge_slices() {
   return 4 * kThreads / D;  // row slices of the un-rotation: 128 threads = slices x (D / 4) column quads
@@ -994,70 +994,23 @@ __device__ __forceinline__ void unrotate(const float* merged, const float* rot, 
     out[i] = v;
   }
 }
+// In few round trips: R_V^T is sent to L2 first (a prefetch at the start of the launch is evicted by then in grids of
+// several waves), and the partials of up to C splits come into shared memory by cp.async in one round trip while the
+// split weights are formed. (Once only in the split-table kernels, where the main kernel's BF16 loop picked up spills
+// with it; at ec98142 the main and work-list kernels gain with it too, H200: ragged 64 / 8K 92.3 -> 87.3 us, 8 / 100K
+// 104.7 -> 102.2, the uniform shapes within 0.5 %.)
 template <int D>
-__device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int kv, int S) {  // S: the pair's splits
-  constexpr int SLICES = merge_slices<D>();
-  const int g = p.group, stride = p.int2_splits + p.bf16_splits;
-  float* weight = reinterpret_cast<float*>(smem);       // [S, g]
-  float* merged = weight + ((S * g + 3) & ~3);          // [g, D]
-  float* slice_out = merged + g * D;                    // [SLICES, g, D]
-  float* inv = slice_out + SLICES * g * D;              // [g]
-  const size_t pair = (size_t)b * p.num_kv_heads + kv;
-  const float* lse = p.partial_lse2 + pair * stride * g;  // [S, g]
-  for (int i = threadIdx.x; i < S * g; i += kThreads) weight[i] = __ldcg(lse + i);
-  __syncthreads();
-  split_weights(weight, inv, S, g);
-  __syncthreads();
-  // Weighted sum: a thread owns float4 items i and i + kThreads of [g, D / 4]; U splits at a time,
-  // 2U independent 16-byte loads in flight.
-  constexpr int U = 8;
-  const int n4 = g * D / 4;
-  const float4* po4 = reinterpret_cast<const float4*>(p.partial_out + pair * stride * g * D);  // [S, g, D / 4]
-  for (int i0 = threadIdx.x; i0 < n4; i0 += 2 * kThreads) {
-    const int i1 = i0 + kThreads;
-    const bool two = i1 < n4;
-    const int h0 = 4 * i0 / D, h1 = two ? 4 * i1 / D : h0;
-    float4 a0 = make_float4(0.f, 0.f, 0.f, 0.f), a1 = a0;
-    for (int s = 0; s < S; s += U) {  // the last round predicated: every round has its loads in flight
-      const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-      float4 v0[U], v1[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const bool in = s + u < S;
-        v0[u] = in ? __ldcg(po4 + (size_t)(s + u) * n4 + i0) : zero;
-        v1[u] = in && two ? __ldcg(po4 + (size_t)(s + u) * n4 + i1) : zero;
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (s + u < S) fma4(weight[(s + u) * g + h0], v0[u], a0), fma4(weight[(s + u) * g + h1], v1[u], a1);
-      }
-    }
-    const float f0 = inv[h0], f1 = inv[h1];
-    reinterpret_cast<float4*>(merged)[i0] = make_float4(a0.x * f0, a0.y * f0, a0.z * f0, a0.w * f0);
-    if (two) reinterpret_cast<float4*>(merged)[i1] = make_float4(a1.x * f1, a1.y * f1, a1.z * f1, a1.w * f1);
-  }
-  __syncthreads();
-  const float* rot = p.value_rotation_t ? p.value_rotation_t + kv * p.rotation_kv_head_stride : nullptr;
-  unrotate<D>(merged, rot, slice_out, g, p.out + pair * g * D);  // heads (b * Hkv + kv) * g + h
-}
-
-// Split-table kernels (uniform one- and two-wave grids, whose last merges end the launch): the same merge in
-// fewer round trips. R_V^T is sent to L2 first (the launch-start prefetch is evicted by then), and the
-// partials of up to C splits come into shared memory by cp.async in one round trip while the split weights
-// are formed; the same sums in the same order. Only there: in the main kernel this version cost the 8K shapes 1-1.6 %
-// (H200, batch 64 / 8K 127.0 -> 128.4 us: its BF16 loop picked up spills).
-template <int D>
-__device__ void merge_pair_staged(const PagedDecodeParams& p, uint8_t* smem, int b, int kv) {
+__device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int kv, int S) {  // S: the pair's partials
   constexpr int MAX_ITEMS = kGroup * D / 4 / kThreads;  // float4 items of [g, D] per thread
-  const int g = p.group, S = p.int2_splits + p.bf16_splits, gd = g * D;
+  const int g = p.group, stride = p.int2_splits + p.bf16_splits, gd = g * D;
   float* weight = reinterpret_cast<float*>(smem);       // [S, g]
   float* merged = weight + ((S * g + 3) & ~3);          // [g, D]
   float* inv = merged + gd;                             // [g] (8 floats)
   float* buf = inv + 8;                                 // [C, g, D] partials of C splits, then [SLICES, g, D]
   const int C = min(S, (smem_bytes<D>() / 4 - (int)(buf - weight)) / gd);
   const size_t pair = (size_t)b * p.num_kv_heads + kv;
-  const float* lse = p.partial_lse2 + pair * S * g;     // [S, g]
-  const float* po = p.partial_out + pair * S * gd;      // [S, g, D]
+  const float* lse = p.partial_lse2 + pair * stride * g;  // [S, g]
+  const float* po = p.partial_out + pair * stride * gd;   // [S, g, D]
   const float* rot = p.value_rotation_t ? p.value_rotation_t + kv * p.rotation_kv_head_stride : nullptr;
   if (rot)
     for (int off = threadIdx.x * 32; off < D * D; off += kThreads * 32)
@@ -1323,14 +1276,6 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     t_begin = s * p.bf16_chunk;
     t_end = min(len, t_begin + p.bf16_chunk);
   }
-  if (!PARALLEL && !TABLE && p.merge_counters && p.value_rotation_t && split == 0) {
-    // The merge reads R_V^T at the very end; fetch it into L2 now, off the critical path. (The split-table
-    // kernels' merge fetches it itself, merge_pair_staged: their two waves evict an early copy, and in one-wave
-    // grids this prefetch made batch 64 / 8K 124.4-125.2 -> 127.6-128.0 us.)
-    const char* rot = reinterpret_cast<const char*>(p.value_rotation_t + kv * p.rotation_kv_head_stride);
-    for (int off = threadIdx.x * 128; off < D * D * 4; off += kThreads * 128)
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rot + off));
-  }
   if (!int2 || t_begin >= t_end) {
     // Empty warps leave m = -inf, l = 0, o = 0.
     for (int i = threadIdx.x; i < kDecodeWarps * kGroup; i += blockDim.x) {
@@ -1398,10 +1343,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  if constexpr (TABLE)
-    merge_pair_staged<D>(p, smem, b, kv);
-  else
-    merge_pair<D>(p, smem, b, kv, count);
+  merge_pair<D>(p, smem, b, kv, count);
   if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
 }
 
