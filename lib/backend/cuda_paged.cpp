@@ -145,6 +145,10 @@ using Int2Piece = CudaDecodePlan::Int2Piece;
 // planner's waves count does not see it (H200, batch 64 / 128K: 1 split of 130816 tokens 1821 us, 4 of 32768 1649
 // us, 11 of 11904 1625 us; batch 32 / 32K: 2 of 16256 242.6 us, 4 of 8192 237.5 us).
 constexpr long kMaxChunk = 12288;
+// Ragged grids the planner models: at most 16 waves (finer splits never won in the model on batches 2-128 at 4K-128K;
+// the bound keeps a plan within ~7 ms on a 2-core machine for batches 8-1024 at 100K, against ~160 ms at batch 256
+// without it).
+constexpr long kMaxRaggedWaves = 16;
 
 // The sequences by ascending length (ties in index order): ragged grids take them so (H200, Qwen3-8B, batches 8-64:
 // the same lengths longest first were 1.3-10 % slower on every ragged shape, e.g. 8 / 32K 47.7 -> 52.6 us, 64 / 8K
@@ -262,10 +266,7 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     // per split, over chunks that are multiples of the split quantum (costs in tokens).
     const long q = kernels::kInt2SplitQuantum, len = cache.max_int2_length;
     // The search starts at chunks of kMaxChunk. Ragged batches (not merged in parallel): the cost is
-    // equal_chunk_makespan, for grids of at most 16 waves (finer splits never won in the model on batches 2-128 at
-    // 4K-128K; the bound keeps a plan within ~7 ms on a 2-core machine for batches 8-1024 at 100K, against ~160 ms at
-    // batch 256 without it).
-    constexpr long kMaxRaggedWaves = 16;
+    // equal_chunk_makespan, for grids of at most kMaxRaggedWaves waves.
     constexpr long kShortSplit = 2304;
     std::vector<int32_t> sorted_lengths = cache.host_int2_lengths;
     std::sort(sorted_lengths.begin(), sorted_lengths.end());
@@ -319,16 +320,20 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
   // 67.4), and at 64 / 32K 1.3 % faster.
   constexpr long kBalancedMinLength = 65536;
   bool balanced = false;
+  // The slot-fill model of a grid of pieces (pieces_makespan) and the BF16 splits that go with INT2 pieces.
+  const long q16 = kernels::kBf16SplitQuantum;
+  const double bf16_weight = 4.0 * g.head_dim / (g.head_dim / 2 + g.int2_metadata_row_bytes());
+  const std::vector<int32_t>& lengths = cache.host_int2_lengths;
+  const std::vector<int32_t> bf16_lengths = cache.host_bf16_lengths.size() == static_cast<size_t>(g.batch)
+                                                ? cache.host_bf16_lengths
+                                                : std::vector<int32_t>(g.batch, cache.max_bf16_length);
+  auto bf16_split_count = [&](long int2_chunk) {  // BF16 CTAs of at most 1/8 of an INT2 CTA, as below
+    return (cache.max_bf16_length + longest_bf16(int2_chunk) - 1) / longest_bf16(int2_chunk);
+  };
+  auto bf16_chunk_of = [&](long bf16_splits) {
+    return bf16_splits > 0 ? (cache.max_bf16_length + bf16_splits * q16 - 1) / (bf16_splits * q16) * q16 : q16;
+  };
   if (ragged && !parallel && cache.max_int2_length >= kBalancedMinLength) {
-    const long q16 = kernels::kBf16SplitQuantum;
-    const double bf16_weight = 4.0 * g.head_dim / (g.head_dim / 2 + g.int2_metadata_row_bytes());
-    const std::vector<int32_t>& lengths = cache.host_int2_lengths;
-    const std::vector<int32_t> bf16_lengths = cache.host_bf16_lengths.size() == static_cast<size_t>(g.batch)
-                                                  ? cache.host_bf16_lengths
-                                                  : std::vector<int32_t>(g.batch, cache.max_bf16_length);
-    auto bf16_split_count = [&](long int2_chunk) {  // BF16 CTAs of at most 1/8 of an INT2 CTA, as below
-      return (cache.max_bf16_length + longest_bf16(int2_chunk) - 1) / longest_bf16(int2_chunk);
-    };
     const std::vector<int32_t> order = ascending_order(lengths);
     long fewest = 0;
     for (int32_t n : lengths) fewest += (n + kMaxChunk - 1) / kMaxChunk;
@@ -358,7 +363,7 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
       std::stable_sort(pieces.begin(), pieces.end(), [](const Int2Piece& x, const Int2Piece& y) {
         return x.end - x.begin > y.end - y.begin;
       });
-      const long bf16_chunk = b16 > 0 ? (cache.max_bf16_length + b16 * q16 - 1) / (b16 * q16) * q16 : q16;
+      const long bf16_chunk = bf16_chunk_of(b16);
       const double cost = pieces_makespan(pieces, bf16_lengths, g.num_kv_heads, b16, bf16_chunk, bf16_weight, slots);
       if (!balanced || cost < balanced_best) {
         balanced = true, balanced_best = cost;
@@ -386,9 +391,46 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     plan.bf16_splits = (cache.max_bf16_length + plan.bf16_chunk - 1) / plan.bf16_chunk;
   }
   if (plan.splits_total() == 0) plan.bf16_splits = 1;  // every split empty: the output is zeros
+  // Ragged batches below kBalancedMinLength: the equal chunks of 2 or more splits as pieces, largest first (each
+  // sequence's remainder among the smallest), where the slot-fill model puts such a grid of more than one wave
+  // kLargestFirstGain below the chosen one (taken shortest first). H200, Qwen3-8B, against the shortest-first grids,
+  // same call, two rounds: ragged 16 / 4K 32.5 -> 29.6 us, 16 / 8K 38.5 -> 37.3, 8 / 16K 35.7 -> 34.8, 16 / 16K 52.5 ->
+  // 49.3, 32 / 32K 134.9 -> 130.8 (3 splits of 10880 against 6 of 5504), 64 / 32K 245.2 -> 233.9, 16 / 48K 104.6 ->
+  // 100.6, 8 / 60K 71.4 -> 68.8, 16 / 60K 125.1 -> 121.5; but 32 / 16K 84.9 -> 86.7 and 8 / 48K 60.5 -> 61.4 (the
+  // model's gains, 8-22 %, do not tell these apart). Not with one split, whose pieces are whole sequences longest
+  // first (128 / 4K 114.9 -> 123.2, 128 / 8K 161.1 -> 175.3: see ascending_order), nor in one wave, which the model
+  // takes for balanced but the board does not run so (8 / 32K 47.5 -> 48.6 us with 8 splits).
+  constexpr double kLargestFirstGain = 0.05;
+  bool largest_first = false;
+  if (ragged && !parallel && !balanced && plan.int2_splits > 0) {
+    double best_pieces = (1.0 - kLargestFirstGain) *
+                         pieces_makespan(equal_pieces(lengths, plan.int2_chunk, plan.bf16_splits > 0), bf16_lengths,
+                                         g.num_kv_heads, plan.bf16_splits, plan.bf16_chunk, bf16_weight, slots);
+    const long q = kernels::kInt2SplitQuantum, len = cache.max_int2_length;
+    for (long s = std::max(2L, (len + kMaxChunk - 1) / kMaxChunk); s <= (len + q - 1) / q; ++s) {
+      const long chunk = ((len + s - 1) / s + q - 1) / q * q;
+      if ((len + chunk - 1) / chunk != s) continue;  // the same chunk as a smaller s
+      const long b16 = cache.max_bf16_length > 0 ? bf16_split_count(chunk) : 0;
+      std::vector<Int2Piece> pieces = equal_pieces(lengths, static_cast<int>(chunk), b16 > 0);
+      const long ctas = static_cast<long>(pieces.size()) * g.num_kv_heads + pairs * b16;
+      if (ctas > kMaxRaggedWaves * slots) break;
+      if (ctas <= slots || !kernels::fused_merge_fits(static_cast<int>(s + b16), g.group, g.head_dim)) continue;
+      std::stable_sort(pieces.begin(), pieces.end(), [](const Int2Piece& x, const Int2Piece& y) {
+        return x.end - x.begin > y.end - y.begin;
+      });
+      const double cost =
+          pieces_makespan(pieces, bf16_lengths, g.num_kv_heads, b16, bf16_chunk_of(b16), bf16_weight, slots);
+      if (cost < best_pieces) {
+        best_pieces = cost, largest_first = true;
+        plan.int2_splits = static_cast<int>(s), plan.int2_chunk = static_cast<int>(chunk);
+        plan.int2_pieces = std::move(pieces);
+        plan.bf16_splits = static_cast<int>(b16), plan.bf16_chunk = static_cast<int>(bf16_chunk_of(b16));
+      }
+    }
+  }
   // Equal chunks of a ragged batch not shortest first: the same grid, reordered, as pieces. (Not for batches in that
   // order already: reading the work list cost their CTAs' start, e.g. ragged 64 / 8K 93.4 -> 96.0 us.)
-  if (ragged && !parallel && !balanced &&
+  if (ragged && !parallel && !balanced && !largest_first &&
       !std::is_sorted(cache.host_int2_lengths.begin(), cache.host_int2_lengths.end()) &&
       kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim))
     plan.int2_pieces = equal_pieces(cache.host_int2_lengths, plan.int2_chunk, plan.bf16_splits > 0);

@@ -284,6 +284,41 @@ TEST(PagedDecode, RaggedBatchesArePlannedInPiecesPerSequence) {
   EXPECT_TRUE(plan_cuda_decode(uniform, 132, 4).int2_pieces.empty());
 }
 
+TEST(PagedDecode, RaggedBatchesBelow64KMayRunTheirChunksLargestFirst) {
+  // Planner only, 132 multiprocessors, Qwen3-8B, lengths spread over [L / 4, L] shortest first (oscar-bench's ragged
+  // batches, 320 BF16 tokens each): at 32 / 32K the equal chunks of >= 2 splits as pieces, largest first, each
+  // sequence's pieces tiling its tokens; at 128 / 8K (one split: whole sequences) the plain shortest-first grid.
+  auto ragged = [](int batch, int context) {
+    DevicePagedCache cache;
+    cache.geometry.batch = batch, cache.geometry.num_kv_heads = 8, cache.geometry.group = 4;
+    cache.geometry.head_dim = 128;
+    cache.host_int2_lengths.resize(batch);
+    cache.host_bf16_lengths.assign(batch, 320);
+    for (int b = 0; b < batch; ++b)
+      cache.host_int2_lengths[b] = context / 4 + (context - context / 4) * b / (batch - 1) - 320;
+    cache.min_int2_length = cache.host_int2_lengths.front(), cache.max_int2_length = cache.host_int2_lengths.back();
+    cache.max_bf16_length = 320;
+    return cache;
+  };
+  const DevicePagedCache cache = ragged(32, 32768);
+  const CudaDecodePlan plan = plan_cuda_decode(cache, 132, 4);
+  ASSERT_FALSE(plan.int2_pieces.empty());
+  EXPECT_GE(plan.int2_splits, 2);
+  std::vector<int> covered(cache.geometry.batch, 0);
+  for (size_t i = 0; i < plan.int2_pieces.size(); ++i) {
+    const auto& piece = plan.int2_pieces[i];
+    const int size = piece.end - piece.begin;
+    if (i > 0) EXPECT_LE(size, plan.int2_pieces[i - 1].end - plan.int2_pieces[i - 1].begin) << "piece " << i;
+    EXPECT_EQ(piece.begin % plan.int2_chunk, 0) << "piece " << i;
+    EXPECT_TRUE(size == plan.int2_chunk || piece.end == cache.host_int2_lengths[piece.sequence]) << "piece " << i;
+    covered[piece.sequence] += size;
+  }
+  for (int b = 0; b < cache.geometry.batch; ++b) EXPECT_EQ(covered[b], cache.host_int2_lengths[b]) << "sequence " << b;
+  const CudaDecodePlan whole = plan_cuda_decode(ragged(128, 8192), 132, 4);
+  EXPECT_EQ(whole.int2_splits, 1);
+  EXPECT_TRUE(whole.int2_pieces.empty());
+}
+
 TEST(PagedDecode, Int2PiecesInAnyOrder) {
   // INT2 pieces made by hand, the last-CTA merge: longest first (with ties), a sequence without INT2 tokens
   // (no INT2 piece, its BF16 partial only) and one whose pieces are 1 quantum, pages of 16 and 64; and a batch
