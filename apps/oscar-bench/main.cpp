@@ -138,7 +138,7 @@ int bench_main(int argc, char** argv) {
   std::string ragged_order = "ascending";
   app.add_option("--ragged-order", ragged_order,
                  "order of the ragged batch's lengths: ascending (shortest first) or descending (the decode planner "
-                 "runs both shortest first)")
+                 "runs both alike: shortest first, or largest first where it prefers that)")
       ->check(CLI::IsMember({"ascending", "descending"}))
       ->capture_default_str();
   app.add_option("--sink", sink, "BF16 sink tokens of the INT2 cache")->capture_default_str();
