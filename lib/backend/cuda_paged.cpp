@@ -308,8 +308,8 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     }
   }
   // Ragged batches merged by the last CTA: equal chunks (the sequences shortest first, as pieces where the batch is
-  // not in that order: below), or where the longest sequence has >= kBalancedMinLength INT2 tokens, INT2 pieces (a
-  // work list) balanced over the sequences. Each sequence gets
+  // not in that order, or as pieces largest first where the model prefers that: below), or where the longest sequence
+  // has >= kBalancedMinLength INT2 tokens, INT2 pieces (a work list) balanced over the sequences. Each sequence gets
   // its own number of pieces (balanced_counts) for grids of w waves of slots, their BF16 CTAs included, from the
   // fewest waves the pieces of <= kMaxChunk need to 15 more: the grid of least pieces_makespan. Inside a sequence the
   // piece sizes fall from 1.3 to 0.7 times its mean, and the grid takes the pieces largest first, so that the
