@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <numeric>
 #include <queue>
@@ -586,15 +585,21 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   p.int2_lengths = cache.int2_lengths.get();
   if (!plan.int2_pieces.empty()) {
     OSCAR_CHECK(fused && !parallel && !table, "cuda decode: INT2 pieces need the last-CTA merge");
-    std::vector<kernels::DecodeWork> work = work_list(cache, plan);
-    if (work.size() != work_host_.size() ||
-        std::memcmp(work.data(), work_host_.data(), work.size() * sizeof(kernels::DecodeWork)) != 0) {
+    const WorkInputs& in = work_inputs_;
+    const bool same = work_ctas_ > 0 && in.pieces == plan.int2_pieces && in.int2_lengths == cache.host_int2_lengths &&
+                      in.bf16_lengths == cache.host_bf16_lengths && in.num_kv_heads == g.num_kv_heads &&
+                      in.int2_splits == plan.int2_splits && in.int2_chunk == plan.int2_chunk &&
+                      in.bf16_splits == plan.bf16_splits && in.bf16_chunk == plan.bf16_chunk;
+    if (!same) {
+      const std::vector<kernels::DecodeWork> work = work_list(cache, plan);
       work_.upload(work);
-      work_host_ = std::move(work);
+      work_ctas_ = static_cast<int>(work.size());
+      work_inputs_ = {plan.int2_pieces,     cache.host_int2_lengths, cache.host_bf16_lengths, g.num_kv_heads,
+                      plan.int2_splits,     plan.int2_chunk,         plan.bf16_splits,        plan.bf16_chunk};
     }
     p.work = work_.get();
-    p.work_ctas = static_cast<int>(work_host_.size());
-    p.work_int2_ctas = static_cast<int>(work_host_.size() - pairs * plan.bf16_splits);
+    p.work_ctas = work_ctas_;
+    p.work_int2_ctas = static_cast<int>(work_ctas_ - pairs * plan.bf16_splits);
   }
   p.int2_splits = plan.int2_splits;
   p.int2_chunk = plan.int2_chunk;

@@ -134,8 +134,16 @@ class CudaPagedDecoder {
  private:
   DeviceBuffer<float> partial_out_, partial_lse2_;
   DeviceBuffer<unsigned> counters_;  // [B, Hkv] fused-merge arrival counters, left at zero by each call
-  DeviceBuffer<kernels::DecodeWork> work_;  // the last work list on the device (uploaded when it changes)
-  std::vector<kernels::DecodeWork> work_host_;
+  // The last work list on the device, and what it was built from: a call with the same pieces, split sizes and
+  // sequence lengths reuses it instead of building it again (the layers of one decode step share them).
+  struct WorkInputs {
+    std::vector<CudaDecodePlan::Int2Piece> pieces;
+    std::vector<int32_t> int2_lengths, bf16_lengths;
+    int num_kv_heads = 0, int2_splits = 0, int2_chunk = 0, bf16_splits = 0, bf16_chunk = 0;
+  };
+  DeviceBuffer<kernels::DecodeWork> work_;
+  WorkInputs work_inputs_;
+  int work_ctas_ = 0;
 };
 
 }  // namespace oscar

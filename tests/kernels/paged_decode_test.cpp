@@ -42,6 +42,7 @@ struct DecodeCase {
   // Non-empty: INT2 pieces made by hand instead of the planner's: each (sequence, chunk) in turn, the sequence in
   // equal pieces of chunk tokens (one empty piece for a sequence without tokens where there is no BF16 tier).
   std::vector<std::pair<int, int>> sequence_chunks;
+  bool pieces_past_length = false;  // those pieces end at whole chunks, the last past the sequence's length
   MetadataType metadata = MetadataType::fp32;  // rounding of the INT2 (scale, zero)
   bool fp16_storage = false;                   // the fp16 metadata layout on the device (needs fp16 rounding)
   // Two softmax streams in the INT2 loop (g <= 4): 0 / 1 forced off / on; -1 the planner's choice (splits of
@@ -78,8 +79,8 @@ HostPagedCache random_cache(const DecodeCase& c, uint64_t seed) {
   return cache;
 }
 
-// Returns the GPU output.
-std::vector<float> run_case(const DecodeCase& c) {
+// Returns the GPU output. shared: a decoder kept across cases (its work list must follow each call's plan and cache).
+std::vector<float> run_case(const DecodeCase& c, CudaPagedDecoder* shared = nullptr) {
   SCOPED_TRACE(c.label);
   HostPagedCache host = random_cache(c, 17);
   const auto& g = host.geometry;
@@ -106,7 +107,8 @@ std::vector<float> run_case(const DecodeCase& c) {
   dq.upload(q);
   dout.upload(std::vector<float>(qn, std::numeric_limits<float>::quiet_NaN()));  // poison
   if (c.rotate) drot.upload(rotation_t);
-  CudaPagedDecoder decoder;
+  CudaPagedDecoder local;
+  CudaPagedDecoder& decoder = shared ? *shared : local;
   CudaDecodePlan plan = plan_cuda_decode(dev, cuda_multiprocessor_count(), c.ctas_per_sm);
   if ((c.force_int2_chunk > 0 && dev.max_int2_length > 0) || !c.split_starts.empty()) plan.int2_pieces.clear();
   if (c.force_int2_chunk > 0 && dev.max_int2_length > 0) {
@@ -133,7 +135,8 @@ std::vector<float> run_case(const DecodeCase& c) {
     plan.int2_splits = plan.int2_chunk = 0;
     for (const auto& [b, chunk] : c.sequence_chunks) {
       const int len = c.int2_lengths[b], splits = std::max((len + chunk - 1) / chunk, plan.bf16_splits == 0 ? 1 : 0);
-      for (int k = 0; k < splits; ++k) plan.int2_pieces.push_back({b, k * chunk, std::min(len, (k + 1) * chunk)});
+      for (int k = 0; k < splits; ++k)
+        plan.int2_pieces.push_back({b, k * chunk, c.pieces_past_length ? (k + 1) * chunk : std::min(len, (k + 1) * chunk)});
       plan.int2_splits = std::max(plan.int2_splits, splits), plan.int2_chunk = std::max(plan.int2_chunk, chunk);
     }
     plan.int2_split_start.clear();
@@ -317,6 +320,24 @@ TEST(PagedDecode, RaggedBatchesBelow64KMayRunTheirChunksLargestFirst) {
   const CudaDecodePlan whole = plan_cuda_decode(ragged(128, 8192), 132, 4);
   EXPECT_EQ(whole.int2_splits, 1);
   EXPECT_TRUE(whole.int2_pieces.empty());
+}
+
+TEST(PagedDecode, OneDecoderAcrossPlansAndLengths) {
+  // One decoder for several calls whose work lists differ in one input each: the length of one sequence (the same
+  // pieces, which end past it, as the planner's balanced pieces do), the pieces, the KV heads. A stale work list would
+  // read the wrong tokens (or too few) and miss the reference.
+  CudaPagedDecoder decoder;
+  DecodeCase a{128, 4, 4, {9000, 4100, 129}, {320, 7, 33}, 64, 64, 4, true, "pieces A"};
+  a.parallel_merge = false;
+  a.sequence_chunks = {{0, 2304}, {1, 1024}, {2, 128}};
+  a.pieces_past_length = true;
+  DecodeCase longer = a;
+  longer.int2_lengths = {9000, 4100, 200}, longer.label = "pieces A, sequence 2 longer, the same pieces";
+  DecodeCase cut = a;
+  cut.sequence_chunks = {{0, 4608}, {1, 1024}, {2, 128}}, cut.label = "pieces A, sequence 0 in larger pieces";
+  DecodeCase heads = a;
+  heads.kv_heads = 2, heads.label = "pieces A, 2 KV heads";
+  for (const DecodeCase* c : {&a, &longer, &cut, &heads, &a}) run_case(*c, &decoder);
 }
 
 TEST(PagedDecode, Int2PiecesInAnyOrder) {
