@@ -236,9 +236,21 @@ std::vector<Int2Piece> equal_pieces(const std::vector<int32_t>& lengths, int chu
   std::vector<Int2Piece> pieces;
   for (int32_t b : ascending_order(lengths)) {
     if (lengths[b] == 0 && !bf16_tier) pieces.push_back({b, 0, 0});
-    for (int begin = 0; begin < lengths[b]; begin += chunk) pieces.push_back({b, begin, std::min(lengths[b], begin + chunk)});
+    for (int begin = 0; begin < lengths[b]; begin += chunk)
+      pieces.push_back({b, begin, std::min(lengths[b], begin + chunk)});
   }
   return pieces;
+}
+// The grid order of the largest piece first (ties in their order).
+void sort_largest_first(std::vector<Int2Piece>& pieces) {
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const Int2Piece& x, const Int2Piece& y) { return x.end - x.begin > y.end - y.begin; });
+}
+// The INT2 chunk of s splits of len tokens: ceil(len / s) rounded up to the split quantum. (A chunk that leaves fewer
+// than s splits is the same grid as a smaller s.)
+long split_chunk(long len, long s) {
+  const long q = kernels::kInt2SplitQuantum;
+  return ((len + s - 1) / s + q - 1) / q * q;
 }
 }  // namespace
 
@@ -270,7 +282,7 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     std::vector<int32_t> sorted_lengths = cache.host_int2_lengths;
     std::sort(sorted_lengths.begin(), sorted_lengths.end());
     for (long s = (len + kMaxChunk - 1) / kMaxChunk; s <= (len + q - 1) / q; ++s) {
-      const long chunk = ((len + s - 1) / s + q - 1) / q * q;
+      const long chunk = split_chunk(len, s);
       const long splits = (len + chunk - 1) / chunk;
       if (splits != s) continue;  // the same chunk as a smaller s
       if (ragged && pairs * splits > kMaxRaggedWaves * slots && plan.int2_splits > 0) continue;
@@ -359,14 +371,13 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
         const std::vector<int> start = falling_starts(lengths[b], static_cast<int>(counts[b]), 1.3);
         for (size_t k = 0; k + 1 < start.size(); ++k) pieces.push_back({b, start[k], start[k + 1]});
       }
-      std::stable_sort(pieces.begin(), pieces.end(), [](const Int2Piece& x, const Int2Piece& y) {
-        return x.end - x.begin > y.end - y.begin;
-      });
+      sort_largest_first(pieces);
       const long bf16_chunk = bf16_chunk_of(b16);
       const double cost = pieces_makespan(pieces, bf16_lengths, g.num_kv_heads, b16, bf16_chunk, bf16_weight, slots);
       if (!balanced || cost < balanced_best) {
         balanced = true, balanced_best = cost;
-        plan.int2_splits = static_cast<int>(most), plan.int2_chunk = std::max(pieces.front().end - pieces.front().begin, 1);
+        plan.int2_splits = static_cast<int>(most);
+        plan.int2_chunk = std::max(pieces.front().end - pieces.front().begin, 1);
         plan.int2_pieces = std::move(pieces);
         plan.bf16_splits = static_cast<int>(b16), plan.bf16_chunk = static_cast<int>(bf16_chunk);
       }
@@ -407,16 +418,14 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
                                          g.num_kv_heads, plan.bf16_splits, plan.bf16_chunk, bf16_weight, slots);
     const long q = kernels::kInt2SplitQuantum, len = cache.max_int2_length;
     for (long s = std::max(2L, (len + kMaxChunk - 1) / kMaxChunk); s <= (len + q - 1) / q; ++s) {
-      const long chunk = ((len + s - 1) / s + q - 1) / q * q;
+      const long chunk = split_chunk(len, s);
       if ((len + chunk - 1) / chunk != s) continue;  // the same chunk as a smaller s
       const long b16 = cache.max_bf16_length > 0 ? bf16_split_count(chunk) : 0;
       std::vector<Int2Piece> pieces = equal_pieces(lengths, static_cast<int>(chunk), b16 > 0);
       const long ctas = static_cast<long>(pieces.size()) * g.num_kv_heads + pairs * b16;
       if (ctas > kMaxRaggedWaves * slots) break;
       if (ctas <= slots || !kernels::fused_merge_fits(static_cast<int>(s + b16), g.group, g.head_dim)) continue;
-      std::stable_sort(pieces.begin(), pieces.end(), [](const Int2Piece& x, const Int2Piece& y) {
-        return x.end - x.begin > y.end - y.begin;
-      });
+      sort_largest_first(pieces);
       const double cost =
           pieces_makespan(pieces, bf16_lengths, g.num_kv_heads, b16, bf16_chunk_of(b16), bf16_weight, slots);
       if (cost < best_pieces) {
@@ -472,7 +481,8 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
 bool runs_parallel_merge(const PagedCacheGeometry& g, const CudaDecodePlan& plan) {
   // Its CTAs wait on the splits, so they and all splits must be resident at once.
   const long pairs = static_cast<long>(g.batch) * g.num_kv_heads;
-  return plan.parallel_merge && plan.int2_pieces.empty() && kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim) &&
+  return plan.parallel_merge && plan.int2_pieces.empty() &&
+         kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim) &&
          kernels::parallel_merge_fits(plan.splits_total(), g.head_dim) &&
          pairs * (plan.splits_total() + kernels::parallel_merge_parts(g.group, g.head_dim)) <=
              static_cast<long>(cuda_multiprocessor_count()) * kernels::paged_decode_ctas_per_sm(g.head_dim);
@@ -484,9 +494,9 @@ bool runs_split_table(const CudaDecodePlan& plan, bool parallel_merge) {
 
 namespace {
 // The grid of a plan with INT2 pieces: a CTA per piece and KV head in the plan's order, then the BF16 CTAs by sequence
-// (in the order of their first pieces), KV head and split. A pair's partial slots: its pieces in grid order, then its BF16 splits. Throws unless each
-// sequence's pieces tile its INT2 tokens from 0 in whole quanta within the plan's int2_splits x int2_chunk, and every
-// pair gets a partial.
+// (in the order of their first pieces), KV head and split. A pair's partial slots: its pieces in grid order, then its
+// BF16 splits. Throws unless each sequence's pieces tile its INT2 tokens from 0 in whole quanta within the plan's
+// int2_splits x int2_chunk, and every pair gets a partial.
 std::vector<kernels::DecodeWork> work_list(const DevicePagedCache& cache, const CudaDecodePlan& plan) {
   const auto& g = cache.geometry;
   OSCAR_CHECK(cache.host_int2_lengths.size() == static_cast<size_t>(g.batch) &&

@@ -135,8 +135,10 @@ std::vector<float> run_case(const DecodeCase& c, CudaPagedDecoder* shared = null
     plan.int2_splits = plan.int2_chunk = 0;
     for (const auto& [b, chunk] : c.sequence_chunks) {
       const int len = c.int2_lengths[b], splits = std::max((len + chunk - 1) / chunk, plan.bf16_splits == 0 ? 1 : 0);
-      for (int k = 0; k < splits; ++k)
-        plan.int2_pieces.push_back({b, k * chunk, c.pieces_past_length ? (k + 1) * chunk : std::min(len, (k + 1) * chunk)});
+      for (int k = 0; k < splits; ++k) {
+        const int end = c.pieces_past_length ? (k + 1) * chunk : std::min(len, (k + 1) * chunk);
+        plan.int2_pieces.push_back({b, k * chunk, end});
+      }
       plan.int2_splits = std::max(plan.int2_splits, splits), plan.int2_chunk = std::max(plan.int2_chunk, chunk);
     }
     plan.int2_split_start.clear();
