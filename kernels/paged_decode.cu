@@ -953,24 +953,35 @@ __device__ __forceinline__ void split_weights(float* weight, float* inv, int S, 
   }
 }
 // out [g, D] = merged [g, D] . M, M = R_V^T [D, D] (rot; null: out = merged): thread (slice, quad) takes rows
-// [slice * ROWS, +ROWS) of M and columns [4 quad, +4); the slices' sums go through scratch [SLICES, g, D] and
-// are added in a fixed order.
+// [slice * ROWS, +ROWS) of M and columns [4 quad, +4), in rounds of RU rows; the slices' sums go through scratch
+// [SLICES, g, D] and are added in a fixed order. The first round's rows come loaded (first, see merge_pair); the
+// others from tail (shared memory, [ROWS - RU][kThreads] float4, this thread's at threadIdx.x) or, without it, from M.
 template <int D>
-__device__ __forceinline__ void unrotate(const float* merged, const float* rot, float* scratch, int g, float* out) {
-  constexpr int SLICES = merge_slices<D>(), ROWS = D / SLICES, RU = ROWS < 16 ? ROWS : 16;
+struct Unrotation {
+  static constexpr int SLICES = merge_slices<D>(), ROWS = D / SLICES, RU = ROWS < 16 ? ROWS : 16;
+  static constexpr int TAIL_BYTES = (ROWS - RU) * kThreads * 16;  // the rows after the first round
+  // This thread's rows [slice * ROWS + r0, +RU) of M, columns [4 quad, +4).
+  __device__ static void load(const float* rot, int r0, float4 (&r)[RU]) {
+    const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
+    const float4* rot4 = reinterpret_cast<const float4*>(rot) + (size_t)(slice * ROWS + r0) * (D / 4) + quad;
+#pragma unroll
+    for (int u = 0; u < RU; ++u) r[u] = __ldg(rot4 + (size_t)u * (D / 4));
+  }
+};
+template <int D>
+__device__ __forceinline__ void unrotate(const float* merged, const float* rot, float* scratch, int g, float* out,
+                                         const float4 (&first)[Unrotation<D>::RU], const float4* tail) {
+  using U = Unrotation<D>;
+  constexpr int SLICES = U::SLICES, ROWS = U::ROWS, RU = U::RU;
   if (!rot) {
     for (int i = threadIdx.x; i < g * D; i += kThreads) out[i] = merged[i];
     return;
   }
   const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
-  const float4* rot4 = reinterpret_cast<const float4*>(rot) + (size_t)slice * ROWS * (D / 4) + quad;
   float4 acc[kGroup];
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int r0 = 0; r0 < ROWS; r0 += RU) {
-    float4 r[RU];
-#pragma unroll
-    for (int u = 0; u < RU; ++u) r[u] = __ldg(rot4 + (size_t)(r0 + u) * (D / 4));
+  auto round = [&](int r0, const float4(&r)[RU]) {
 #pragma unroll
     for (int u = 0; u < RU; u += 4) {
 #pragma unroll
@@ -982,6 +993,17 @@ __device__ __forceinline__ void unrotate(const float* merged, const float* rot, 
         }
       }
     }
+  };
+  round(0, first);
+  for (int r0 = RU; r0 < ROWS; r0 += RU) {
+    float4 r[RU];
+    if (tail) {
+#pragma unroll
+      for (int u = 0; u < RU; ++u) r[u] = tail[(r0 - RU + u) * kThreads + threadIdx.x];
+    } else {
+      U::load(rot, r0, r);
+    }
+    round(r0, r);
   }
 #pragma unroll
   for (int h = 0; h < kGroup; ++h)
@@ -994,27 +1016,42 @@ __device__ __forceinline__ void unrotate(const float* merged, const float* rot, 
     out[i] = v;
   }
 }
-// In few round trips: R_V^T is sent to L2 first (a prefetch at the start of the launch is evicted by then in grids of
-// several waves), and the partials of up to C splits come into shared memory by cp.async in one round trip while the
-// split weights are formed. (Once only in the split-table kernels, where the main kernel's BF16 loop picked up spills
-// with it; at ec98142 the main and work-list kernels gain with it too, H200: ragged 64 / 8K 92.3 -> 87.3 us, 8 / 100K
-// 104.7 -> 102.2, the uniform shapes within 0.5 %.)
+// Its reads in one round trip where shared memory allows: at its start the merge loads this thread's first round of
+// R_V^T rows into registers, the rest of its rows into shared memory (cp.async; else it sends R_V^T to L2 and reads
+// those rows after the weighted sum), the partials of up to C splits into shared memory (cp.async) and the splits'
+// lse2. (H200, per-CTA traces: the un-rotation phase 2.7 -> 2.4 us at ragged 8 / 100K, 3.7 -> 3.1 us at ragged 64 /
+// 8K; the rest of the merge's ~5 us under load is its arithmetic and code, not R_V^T's reads.)
 template <int D>
-__device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int kv, int S) {  // S: the pair's partials
+__device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int pair, int S) {  // S: the pair's partials
+  using U = Unrotation<D>;
   constexpr int MAX_ITEMS = kGroup * D / 4 / kThreads;  // float4 items of [g, D] per thread
   const int g = p.group, stride = p.int2_splits + p.bf16_splits, gd = g * D;
+  const int kv = pair % p.num_kv_heads;
   float* weight = reinterpret_cast<float*>(smem);       // [S, g]
   float* merged = weight + ((S * g + 3) & ~3);          // [g, D]
   float* inv = merged + gd;                             // [g] (8 floats)
   float* buf = inv + 8;                                 // [C, g, D] partials of C splits, then [SLICES, g, D]
+  const int buf_floats = max(S * gd, U::SLICES * gd);   // all partials in one round, and the un-rotation's scratch
+  const bool tail_fits =
+      U::TAIL_BYTES > 0 && (int)(buf - weight) * 4 + buf_floats * 4 + U::TAIL_BYTES <= smem_bytes<D>();
+  float4* tail = tail_fits ? reinterpret_cast<float4*>(smem + smem_bytes<D>() - U::TAIL_BYTES) : nullptr;
   const int C = min(S, (smem_bytes<D>() / 4 - (int)(buf - weight)) / gd);
-  const size_t pair = (size_t)b * p.num_kv_heads + kv;
-  const float* lse = p.partial_lse2 + pair * stride * g;  // [S, g]
-  const float* po = p.partial_out + pair * stride * gd;   // [S, g, D]
+  const float* lse = p.partial_lse2 + (size_t)pair * stride * g;  // [S, g]
+  const float* po = p.partial_out + (size_t)pair * stride * gd;   // [S, g, D]
   const float* rot = p.value_rotation_t ? p.value_rotation_t + kv * p.rotation_kv_head_stride : nullptr;
-  if (rot)
-    for (int off = threadIdx.x * 32; off < D * D; off += kThreads * 32)
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rot + off));
+  float4 first[U::RU];
+  if (rot) {
+    U::load(rot, 0, first);
+    if (tail) {
+      const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
+      const float* src = rot + (size_t)(slice * U::ROWS + U::RU) * D + 4 * quad;
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(tail + threadIdx.x));
+      for (int u = 0; u < U::ROWS - U::RU; ++u) cp_async16_if(dst + u * kThreads * 16, src + (size_t)u * D, true);
+    } else if (U::ROWS > U::RU) {
+      for (int off = threadIdx.x * 32; off < D * D; off += kThreads * 32)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rot + off));
+    }
+  }
   const uint32_t buf_smem = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
   auto load_splits = [&](int s0) {  // partials of splits [s0, s0 + C) into buf (read through L2)
     const int n = min(C, S - s0) * gd / 4;
@@ -1055,7 +1092,7 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int b, int
     }
   }
   __syncthreads();
-  unrotate<D>(merged, rot, buf, g, p.out + pair * g * D);  // heads (b * Hkv + kv) * g + h
+  unrotate<D>(merged, rot, buf, g, p.out + (size_t)pair * g * D, first, tail);  // heads (b * Hkv + kv) * g + h
 }
 
 // ---------------------------------------------------------------- parallel merge
@@ -1211,6 +1248,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   // own, twice the requests of the data (ncu; H200: the INT2 decode 5-7 % slower on calls of >= 1 GB).
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int is_last;
+  __shared__ int identity[4];  // pair, split, count, int2, read back after the loop (see there)
   CtaShared<D>& sh = *reinterpret_cast<CtaShared<D>*>(smem);
   const int g = p.group, S = p.int2_splits + p.bf16_splits;
   const int pairs = p.batch * p.num_kv_heads;
@@ -1276,6 +1314,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     t_begin = s * p.bf16_chunk;
     t_end = min(len, t_begin + p.bf16_chunk);
   }
+  if (threadIdx.x == 0) identity[0] = pair, identity[1] = split, identity[2] = count, identity[3] = int2;
   if (!int2 || t_begin >= t_end) {
     // Empty warps leave m = -inf, l = 0, o = 0.
     for (int i = threadIdx.x; i < kDecodeWarps * kGroup; i += blockDim.x) {
@@ -1293,6 +1332,13 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
       bf16_warp<D, PARALLEL || TABLE>(p, sh, b, kv, t_begin, t_end);
   }
   __syncthreads();
+  // The CTA's identity, read back from shared memory rather than held through the loop, which then spills less (d =
+  // 128: 0-16 bytes of stack, against 0-24; H200, in a variant of the merge above: uniform shapes 1.2 % slower
+  // without it).
+  {
+    const volatile int* id = identity;
+    pair = id[0], split = id[1], count = id[2], int2 = id[3] != 0;
+  }
   // Combine the warps' states; write this split's partial. States per head: one per warp, and with two INT2
   // streams a second per warp in slot h + 4. A thread per head turns its states' m into the weights
   // exp2(m - max) / den and writes the split's LSE; then every output is one weighted sum.
@@ -1336,14 +1382,19 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     }
     return;
   }
-  // Last CTA of this (sequence, KV head) merges.
-  __threadfence();
+  // Last CTA of this (sequence, KV head) merges. Thread 0 arrives for the CTA, as in the parallel merge: the barrier
+  // orders the CTA's partial writes before its release fence, and the last arrival's acquire fence orders the other
+  // CTAs' partials before the merge's reads. (A sequentially consistent __threadfence in every thread: ragged batches
+  // up to 1.2 % slower, H200.)
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(p.merge_counters + pair, 1u) == (unsigned)(count - 1);
+  if (threadIdx.x == 0) {
+    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+    is_last = atomicAdd(p.merge_counters + pair, 1u) == (unsigned)(count - 1);
+    if (is_last) asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+  }
   __syncthreads();
   if (!is_last) return;
-  __threadfence();
-  merge_pair<D>(p, smem, b, kv, count);
+  merge_pair<D>(p, smem, pair, count);
   if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
 }
 
