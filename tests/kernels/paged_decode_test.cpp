@@ -509,6 +509,64 @@ TEST(PagedDecode, GqaRatiosAndHeadDims) {
   run_case({128, 3, 3, {900}, {100}, 32, 32, 8, true, "odd group 3"});
 }
 
+TEST(PagedDecode, UnrotationIsNearFp32) {
+  // The merge's un-rotation o . R_V^T against the same call without R_V^T, un-rotated on the CPU in float64: near
+  // fp32, per head (a tensor-core un-rotation with one tf32 product per term was at 8e-4 here, with three at 2e-6).
+  // Last-CTA merges with R_V^T's rows partly in shared memory (few splits, d = 128) and all from L2 (many splits),
+  // and the parallel merge.
+  struct Merge {
+    int dim, group, int2_length, chunk;
+    bool parallel;
+  };
+  for (const Merge& m : {Merge{64, 8, 3000, 0, false}, Merge{128, 4, 3000, 0, false}, Merge{128, 8, 3000, 0, false},
+                         Merge{128, 4, 9000, 128, false}, Merge{128, 1, 9000, 128, false},
+                         Merge{256, 8, 3000, 0, false}, Merge{128, 8, 5000, 0, true}}) {
+    DecodeCase c{m.dim, m.group, 2, {m.int2_length, 700}, {320, 100}, 64, 64, 4, true, ""};
+    if (m.parallel) c.int2_lengths = {m.int2_length}, c.bf16_lengths = {320};  // batch 1: one wave
+    SCOPED_TRACE("d=" + std::to_string(m.dim) + " g=" + std::to_string(m.group) + " chunk=" +
+                 std::to_string(m.chunk) + (m.parallel ? " parallel" : " last-CTA"));
+    HostPagedCache host = random_cache(c, 5);
+    const int d = m.dim;
+    const size_t qn = static_cast<size_t>(host.geometry.batch) * host.geometry.num_q_heads() * d;
+    const auto q = test::random_normal(qn, 7, 2.0f);
+    const auto rot_t = test::random_normal(static_cast<size_t>(d) * d, 11, 1.0f / std::sqrt(static_cast<float>(d)));
+    DevicePagedCache dev;
+    dev.upload(host);
+    DeviceBuffer<float> dq, dout, drot;
+    dq.upload(q);
+    drot.upload(rot_t);
+    dout.upload(std::vector<float>(qn, 0.f));
+    CudaPagedDecoder decoder;
+    CudaDecodePlan plan = plan_cuda_decode(dev, cuda_multiprocessor_count(), 4);
+    if (m.chunk > 0) {
+      plan.int2_pieces.clear(), plan.int2_split_start.clear();
+      plan.int2_chunk = m.chunk;
+      plan.int2_splits = (dev.max_int2_length + m.chunk - 1) / m.chunk;
+    }
+    plan.parallel_merge = m.parallel;
+    EXPECT_EQ(runs_parallel_merge(host.geometry, plan), m.parallel);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    decoder.run(dev, plan, dq.get(), scale, nullptr, dout.get());
+    cuda_check(cudaDeviceSynchronize(), "decode without R_V^T");
+    const auto plain = dout.download();
+    decoder.run(dev, plan, dq.get(), scale, drot.get(), dout.get());
+    cuda_check(cudaDeviceSynchronize(), "decode with R_V^T");
+    const auto rotated = dout.download();
+    double worst = 0;
+    for (size_t h = 0; h < qn / d; ++h) {
+      double num = 0, den = 0;
+      for (int j = 0; j < d; ++j) {
+        double v = 0;
+        for (int i = 0; i < d; ++i) v += static_cast<double>(plain[h * d + i]) * rot_t[static_cast<size_t>(i) * d + j];
+        num += (rotated[h * d + j] - v) * (rotated[h * d + j] - v), den += v * v;
+      }
+      worst = std::max(worst, std::sqrt(num / den));
+    }
+    std::printf("  d=%d g=%d: worst head's relative error %.2e\n", d, m.group, worst);
+    EXPECT_LT(worst, 2e-5);
+  }
+}
+
 TEST(PagedDecode, Fp16MetadataLayoutGivesTheFp32LayoutsBits) {
   // The same fp16-rounded metadata stored as fp16 (8 bytes per token) and as fp32: the kernels widen the fp16
   // values exactly, so both layouts must give the same bits, on every kernel: batch 1 (parallel merge,
