@@ -512,15 +512,16 @@ TEST(PagedDecode, GqaRatiosAndHeadDims) {
 TEST(PagedDecode, UnrotationIsNearFp32) {
   // The merge's un-rotation o . R_V^T against the same call without R_V^T, un-rotated on the CPU in float64: near
   // fp32, per head (a tensor-core un-rotation with one tf32 product per term was at 8e-4 here, with three at 2e-6).
-  // Last-CTA merges with R_V^T's rows partly in shared memory (few splits, d = 128) and all from L2 (many splits),
-  // and the parallel merge.
+  // Last-CTA merges with R_V^T's rows partly in shared memory (d = 128, g <= 4, at most 5 partials: a forced chunk of
+  // 1024 INT2 tokens and one BF16 split; no other decode test takes that path) and from L2 (few partials at g = 8, the
+  // planner's splits, 72 forced ones), d = 256 in rounds, and the parallel merge.
   struct Merge {
-    int dim, group, int2_length, chunk;
+    int dim, group, int2_length, chunk;  // chunk > 0: forced INT2 chunk; >= 1024: and one BF16 split
     bool parallel;
   };
-  for (const Merge& m : {Merge{64, 8, 3000, 0, false}, Merge{128, 4, 3000, 0, false}, Merge{128, 8, 3000, 0, false},
-                         Merge{128, 4, 9000, 128, false}, Merge{128, 1, 9000, 128, false},
-                         Merge{256, 8, 3000, 0, false}, Merge{128, 8, 5000, 0, true}}) {
+  for (const Merge& m : {Merge{64, 8, 3000, 0, false}, Merge{128, 4, 3000, 0, false}, Merge{128, 4, 3000, 1024, false},
+                         Merge{128, 8, 1000, 1024, false}, Merge{128, 4, 9000, 128, false},
+                         Merge{128, 1, 9000, 128, false}, Merge{256, 8, 3000, 0, false}, Merge{128, 8, 5000, 0, true}}) {
     DecodeCase c{m.dim, m.group, 2, {m.int2_length, 700}, {320, 100}, 64, 64, 4, true, ""};
     if (m.parallel) c.int2_lengths = {m.int2_length}, c.bf16_lengths = {320};  // batch 1: one wave
     SCOPED_TRACE("d=" + std::to_string(m.dim) + " g=" + std::to_string(m.group) + " chunk=" +
@@ -542,6 +543,7 @@ TEST(PagedDecode, UnrotationIsNearFp32) {
       plan.int2_pieces.clear(), plan.int2_split_start.clear();
       plan.int2_chunk = m.chunk;
       plan.int2_splits = (dev.max_int2_length + m.chunk - 1) / m.chunk;
+      if (m.chunk >= 1024) plan.bf16_splits = 1, plan.bf16_chunk = 384;
     }
     plan.parallel_merge = m.parallel;
     EXPECT_EQ(runs_parallel_merge(host.geometry, plan), m.parallel);
@@ -562,7 +564,8 @@ TEST(PagedDecode, UnrotationIsNearFp32) {
       }
       worst = std::max(worst, std::sqrt(num / den));
     }
-    std::printf("  d=%d g=%d: worst head's relative error %.2e\n", d, m.group, worst);
+    std::printf("  d=%d g=%d, %d + %d splits: worst head's relative error %.2e\n", d, m.group, plan.int2_splits,
+                plan.bf16_splits, worst);
     EXPECT_LT(worst, 2e-5);
   }
 }
