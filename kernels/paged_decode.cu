@@ -981,7 +981,7 @@ __device__ __forceinline__ void unrotate(const float* merged, const float* rot, 
   float4 acc[kGroup];
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
-  auto round = [&](int r0, const float4(&r)[RU]) {
+  auto fma_rows = [&](int r0, const float4(&r)[RU]) {
 #pragma unroll
     for (int u = 0; u < RU; u += 4) {
 #pragma unroll
@@ -994,7 +994,7 @@ __device__ __forceinline__ void unrotate(const float* merged, const float* rot, 
       }
     }
   };
-  round(0, first);
+  fma_rows(0, first);
   for (int r0 = RU; r0 < ROWS; r0 += RU) {
     float4 r[RU];
     if (tail) {
@@ -1003,7 +1003,7 @@ __device__ __forceinline__ void unrotate(const float* merged, const float* rot, 
     } else {
       U::load(rot, r0, r);
     }
-    round(r0, r);
+    fma_rows(r0, r);
   }
 #pragma unroll
   for (int h = 0; h < kGroup; ++h)
