@@ -1095,6 +1095,106 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int pair, 
   unrotate<D>(merged, rot, buf, g, p.out + (size_t)pair * g * D, first, tail);  // heads (b * Hkv + kv) * g + h
 }
 
+// A merge CTA of a work-list grid (merge_flags): R_V^T's rows loaded as merge_pair loads them, then the pair's partials
+// folded in slot order as they are written: warp 0 reads the flags of the next slots (acquire), the ready run of them
+// (up to C) comes in by cp.async with its lse2, and each thread updates the running max, sum and weighted output of
+// its items slot by slot, so the result does not depend on how the slots arrived. Then the un-rotation.
+template <int D>
+__device__ void merge_flagged(const PagedDecodeParams& p, uint8_t* smem, int pair, int S) {
+  using U = Unrotation<D>;
+  constexpr int MAX_ITEMS = kGroup * D / 4 / kThreads;
+  const int g = p.group, stride = p.int2_splits + p.bf16_splits, gd = g * D;
+  const int kv = pair % p.num_kv_heads;
+  __shared__ int ready;
+  float* merged = reinterpret_cast<float*>(smem);  // [g, D]
+  float* lse_s = merged + gd;                       // [C, g] (32 * 8 floats at most)
+  float* buf = lse_s + 32 * kGroup;                 // [C, g, D] partials, then [SLICES, g, D]
+  const int head_floats = (int)(buf - merged);
+  const int buf_floats = U::SLICES * gd;
+  const bool tail_fits = U::TAIL_BYTES > 0 && head_floats * 4 + buf_floats * 4 + U::TAIL_BYTES <= smem_bytes<D>();
+  float4* tail = tail_fits ? reinterpret_cast<float4*>(smem + smem_bytes<D>() - U::TAIL_BYTES) : nullptr;
+  const int room = (smem_bytes<D>() - (tail ? U::TAIL_BYTES : 0)) / 4 - head_floats;
+  const int C = max(1, min(32, room / gd));
+  const float* lse = p.partial_lse2 + (size_t)pair * stride * g;  // [S, g]
+  const float* po = p.partial_out + (size_t)pair * stride * gd;   // [S, g, D]
+  const unsigned* flags = p.merge_flags + (size_t)pair * stride;
+  const float* rot = p.value_rotation_t ? p.value_rotation_t + kv * p.rotation_kv_head_stride : nullptr;
+  float4 first[U::RU];
+  if (rot) {
+    U::load(rot, 0, first);
+    if (tail) {
+      const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
+      const float* src = rot + (size_t)(slice * U::ROWS + U::RU) * D + 4 * quad;
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(tail + threadIdx.x));
+      for (int u = 0; u < U::ROWS - U::RU; ++u) cp_async16_if(dst + u * kThreads * 16, src + (size_t)u * D, true);
+      cp_async_commit();
+    } else if (U::ROWS > U::RU) {
+      for (int off = threadIdx.x * 32; off < D * D; off += kThreads * 32)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rot + off));
+    }
+  }
+  const int n4 = gd / 4;
+  float4 acc[MAX_ITEMS];
+  float m[MAX_ITEMS], l[MAX_ITEMS];
+#pragma unroll
+  for (int j = 0; j < MAX_ITEMS; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f), m[j] = -INFINITY, l[j] = 0.f;
+  const uint32_t buf_smem = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
+  for (int done = 0; done < S;) {
+    if (threadIdx.x < 32) {  // the run of ready slots from `done` (at most C)
+      const int s = done + (int)threadIdx.x;
+      unsigned seen = 0;
+      if (s < S && (int)threadIdx.x < C)
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(flags + s) : "memory");
+      const unsigned not_ready = __ballot_sync(0xffffffffu, seen != p.merge_epoch);
+      if (threadIdx.x == 0) ready = not_ready ? __ffs(not_ready) - 1 : 32;
+    }
+    __syncthreads();
+    const int n = min(ready, min(C, S - done));
+    if (n == 0) {
+      __nanosleep(64);
+      __syncthreads();  // `ready` is read above before warp 0 writes it again
+      continue;
+    }
+    for (int i = threadIdx.x; i < n * gd / 4; i += kThreads)
+      cp_async16_if(buf_smem + 16 * i, po + (size_t)done * gd + 4 * i, true);
+    cp_async_commit();
+    for (int i = threadIdx.x; i < n * g; i += kThreads) lse_s[i] = __ldcg(lse + (size_t)done * g + i);
+    cp_async_wait<0>();
+    __syncthreads();
+    const float4* part = reinterpret_cast<const float4*>(buf);
+#pragma unroll
+    for (int j = 0; j < MAX_ITEMS; ++j) {
+      const int i = threadIdx.x + j * kThreads;
+      if (i >= n4) continue;
+      const int h = 4 * i / D;
+      for (int s = 0; s < n; ++s) {
+        const float x = lse_s[s * g + h];
+        if (x == -INFINITY) continue;  // an empty split
+        const float mn = fmaxf(m[j], x);
+        const float scale = exp2f(m[j] - mn), w = exp2f(x - mn);  // exp2(-inf) = 0 for the first
+        l[j] = fmaf(l[j], scale, w);
+        const float4 v = part[s * n4 + i];
+        acc[j].x = fmaf(w, v.x, acc[j].x * scale), acc[j].y = fmaf(w, v.y, acc[j].y * scale);
+        acc[j].z = fmaf(w, v.z, acc[j].z * scale), acc[j].w = fmaf(w, v.w, acc[j].w * scale);
+        m[j] = mn;
+      }
+    }
+    done += n;
+    __syncthreads();  // buf and lse_s are refilled next round
+  }
+#pragma unroll
+  for (int j = 0; j < MAX_ITEMS; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (i < n4) {
+      const float f = l[j] > 0.f ? 1.f / l[j] : 0.f;
+      reinterpret_cast<float4*>(merged)[i] = make_float4(acc[j].x * f, acc[j].y * f, acc[j].z * f, acc[j].w * f);
+    }
+  }
+  if (tail) cp_async_wait<0>();
+  __syncthreads();
+  unrotate<D>(merged, rot, buf, g, p.out + (size_t)pair * g * D, first, tail);
+}
+
 // ---------------------------------------------------------------- parallel merge
 // At batch 1 the last-CTA merge above is one CTA's serial latency chain after the last split: S / 8
 // rounds of loads, then 64 KB of R_V^T through 4 warps (H200, batch 1 / 100K, 35 splits: 8.3 us of a
@@ -1240,7 +1340,9 @@ enum class Int2Pages { none, small, paired };
 // STREAMS: two softmax streams in the INT2 warps (g <= 4, not with PARALLEL).
 // WORK (not with PARALLEL or TABLE): the CTAs take their shares from p.work, a kernel of its own so that the grids
 // without a work list keep their code (in one kernel, ragged 64 / 8K and 32 / 8K ran 1.9-2.4 % slower).
-template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK>
+// MERGE_CTAS (with WORK, p.merge_flags): a CTA flags its partial and exits; the grid's last p.work_merge_ctas CTAs merge
+// (merge_flagged). Its own kernels, so that the others keep their code (SASS-identical to those before it).
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK, bool MERGE_CTAS = false>
 __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_decode_kernel(const PagedDecodeParams p) {
   constexpr bool HAS_INT2 = PAGES != Int2Pages::none;
   // 128-byte aligned: with the static is_last below, a 16-byte alignment put the dynamic base 16 bytes past a
@@ -1255,6 +1357,13 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   if constexpr (PARALLEL) {
     if ((int)blockIdx.x >= pairs * S) {  // parallel merge CTAs after the splits
       merge_cta<D>(p, smem, blockIdx.x - pairs * S);
+      return;
+    }
+  }
+  if constexpr (MERGE_CTAS) {
+    if ((int)blockIdx.x >= p.work_ctas) {  // merge CTAs after the work
+      const int4 w = __ldg(reinterpret_cast<const int4*>(p.work) + blockIdx.x);
+      merge_flagged<D>(p, smem, w.x, (unsigned)w.y >> 16);
       return;
     }
   }
@@ -1374,6 +1483,14 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     out[i] = v;
   }
   if (!p.merge_counters) return;
+  if constexpr (MERGE_CTAS) {  // release: the barrier orders this CTA's writes before the fence and the flag
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+      asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(p.merge_flags + part), "r"(p.merge_epoch) : "memory");
+    }
+    return;
+  }
   if constexpr (PARALLEL) {  // arrive (release: the barrier orders this CTA's writes before the fence)
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -1398,20 +1515,24 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
 }
 
-template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK>
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK, bool MERGE_CTAS = false>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   static const bool configured = [] {
-    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, WORK>,
+    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, WORK, MERGE_CTAS>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
     return true;
   }();
   (void)configured;
   const int pairs = p.batch * p.num_kv_heads;
-  const unsigned ctas = WORK ? (unsigned)p.work_ctas : (unsigned)(pairs * (p.splits_total() + p.merge_parts));
-  paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, WORK><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
+  const unsigned ctas = WORK ? (unsigned)(p.work_ctas + (MERGE_CTAS ? p.work_merge_ctas : 0))
+                             : (unsigned)(pairs * (p.splits_total() + p.merge_parts));
+  paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, WORK, MERGE_CTAS><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
 }
 template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
+  if constexpr (!PARALLEL && !TABLE && PAGES != Int2Pages::none) {
+    if (p.work && p.merge_flags) return launch_kernel<D, PAGES, false, false, M16, STREAMS, true, true>(p, stream);
+  }
   if constexpr (!PARALLEL && !TABLE) {
     if (p.work) return launch_kernel<D, PAGES, false, false, M16, STREAMS, true>(p, stream);
   }
@@ -1543,6 +1664,9 @@ void check_paged_decode(const PagedDecodeParams& p) {
     require(p.work_int2_ctas == 0 || p.int2_splits > 0, "a work list's INT2 CTAs need an INT2 tier");
     require(p.work_int2_ctas == p.work_ctas || p.bf16_splits > 0, "a work list's BF16 CTAs need a BF16 tier");
   }
+  if (p.merge_flags)
+    require(p.work && p.int2_splits > 0 && p.work_merge_ctas >= 1 && p.merge_epoch != 0,
+            "merge CTAs need a work list with an INT2 tier, 1 or more of them and an epoch other than 0");
 }
 
 void launch_paged_decode(const PagedDecodeParams& p, cudaStream_t stream) {

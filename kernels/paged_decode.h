@@ -3,7 +3,9 @@
 // cache for the baseline). One launch writes a partial output and log2-sum-exp per split; with
 // merge_counters set, the last CTA of each (sequence, KV head) also merges the splits and un-rotates
 // (one launch per decode call), or, with merge_parts set (grids of one wave, i.e. batch 1), merge CTAs
-// at the end of the same grid do it in parallel; otherwise decode_merge.h does it in a second launch.
+// at the end of the same grid do it in parallel, or, with a work list and merge_flags set, a merge CTA per
+// pair at the end of the grid folds its partials as they are written; otherwise decode_merge.h does it in a
+// second launch.
 // CPU twin: lib/backend/paged_cache.h.
 #pragma once
 #include <cstdint>
@@ -93,6 +95,14 @@ struct PagedDecodeParams {
   // [0, count) of its row of int2_splits + bf16_splits, so every sequence can have its own number of INT2 splits.
   const DecodeWork* work = nullptr;
   int work_int2_ctas = 0, work_ctas = 0;
+  // Merge CTAs (optional, with a work list and merge_counters): the grid ends with work_merge_ctas more CTAs, work
+  // entries [work_ctas, work_ctas + work_merge_ctas) naming a pair and its count. A CTA that wrote its partial sets
+  // merge_flags[pair * splits_total + slot] to merge_epoch (release) instead of arriving; the pair's merge CTA loads
+  // R_V^T, then folds the partials in slot order as their flags show the epoch, and un-rotates. merge_flags must not
+  // hold merge_epoch before the call (the caller counts the epoch up from 1 over flags zeroed once).
+  unsigned* merge_flags = nullptr;
+  unsigned merge_epoch = 0;
+  int work_merge_ctas = 0;
 };
 
 // Grid: one CTA per (split, KV head, sequence) or per work-list entry, INT2 CTAs first. CTAs of the INT2 path

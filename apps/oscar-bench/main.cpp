@@ -212,16 +212,18 @@ int bench_main(int argc, char** argv) {
 
   ReportTable table;
   // int2_splits / bf16_splits / split_plan: the decode's split plan (split_plan: parallel-merge, table = a split
-  // table of falling or equal sizes merged by the last CTA, equal = equal chunks merged by the last CTA,
-  // pieces = each sequence of a ragged batch in pieces of its own, merged by the last CTA; int2_splits is then the
-  // most pieces of any sequence).
+  // table of falling or equal sizes, equal = equal chunks, pieces = each sequence of a ragged batch in pieces of its
+  // own (int2_splits is then the most pieces of any sequence); merged by each pair's last CTA, or with the suffix
+  // +merge-ctas (grids of more than one wave) by a merge CTA per pair at the end of the grid).
   table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "launches", "int2_splits", "bf16_splits",
                   "split_plan", "mbytes", "time_us", "noise_pct", "sm_mhz", "tbps", "pct_peak", "floor_us", "pct_floor",
                   "speedup_vs_bf16", "gpu"};
   const auto split_plan = [](const PagedCacheGeometry& g, const CudaDecodePlan& plan) {
     const bool parallel = runs_parallel_merge(g, plan);
-    if (!plan.int2_pieces.empty()) return std::string("pieces");
-    return std::string(parallel ? "parallel-merge" : runs_split_table(plan, parallel) ? "table" : "equal");
+    if (parallel) return std::string("parallel-merge");
+    const std::string merge = plan.merge_ctas ? "+merge-ctas" : "";
+    if (!plan.int2_pieces.empty()) return "pieces" + merge;
+    return (runs_split_table(plan, parallel) ? "table" : "equal") + merge;
   };
   table.markdown_precision = 2;
   const std::string gpu = prop.name;

@@ -262,7 +262,7 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
   const long pairs = static_cast<long>(g.batch) * g.num_kv_heads;
   // The parallel merge (see run) needs the splits, the BF16 splits and its merge CTAs resident at once.
   const long resident = static_cast<long>(num_sms) * kernels::paged_decode_ctas_per_sm(g.head_dim);
-  const long merge_ctas = pairs * kernels::parallel_merge_parts(g.group, g.head_dim);
+  const long parallel_merge_ctas = pairs * kernels::parallel_merge_parts(g.group, g.head_dim);
   // BF16 CTAs run last, so none is longer than 1/8 of an INT2 CTA (see below).
   auto longest_bf16 = [](long int2_chunk) {
     const long q16 = kernels::kBf16SplitQuantum;
@@ -301,8 +301,9 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
       // same call: batch 1 / 32K at g = 8 24.6 -> 22.1 us, d = 256 39.0 -> 32.0; batch 2 / 32K at Hkv = 4,
       // g = 7 24.3 -> 20.1; but batch 2 / 100K at g = 4, 24 splits of 4224, 55.3 -> 61.4 us, and batch 1 /
       // 128K at g = 8, 47 splits of 2816, 44.2 -> 46.8).
-      const bool merge_share = 8 * merge_ctas <= resident || (2 * merge_ctas <= resident && chunk <= kShortSplit);
-      const bool fits = merge_share && pairs * (splits + bf16_splits) + merge_ctas <= resident;
+      const bool merge_share =
+          8 * parallel_merge_ctas <= resident || (2 * parallel_merge_ctas <= resident && chunk <= kShortSplit);
+      const bool fits = merge_share && pairs * (splits + bf16_splits) + parallel_merge_ctas <= resident;
       if (fits) {
         const long per_sm = (pairs * splits + num_sms - 1) / num_sms;
         const double slowdown = per_sm <= 2 ? 1.0 : 1.0 + 0.26 * static_cast<double>(per_sm - 2);
@@ -393,7 +394,7 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     long free_slots = int2_ctas > 0 ? (int2_ctas + slots - 1) / slots * slots - int2_ctas : slots;
     // A whole number of BF16 splits per pair, so that the grid the INT2 plan fitted stays one wave
     // (choose_split_chunk rounds the splits up).
-    if (parallel) free_slots = std::min(free_slots, (resident - int2_ctas - merge_ctas) / pairs * pairs);
+    if (parallel) free_slots = std::min(free_slots, (resident - int2_ctas - parallel_merge_ctas) / pairs * pairs);
     const long longest = longest_bf16(plan.int2_chunk);
     const long min_splits = int2_ctas > 0 ? (cache.max_bf16_length + longest - 1) / longest : 1;
     plan.bf16_chunk = kernels::choose_split_chunk(cache.max_bf16_length, g.batch, g.num_kv_heads,
@@ -474,9 +475,39 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     plan.int2_split_start.assign(plan.int2_splits + 1, 0);
     for (int s = 1; s <= plan.int2_splits; ++s) plan.int2_split_start[s] = s * plan.int2_chunk;
   }
+  // Grids of more than one wave merged in the grid: a merge CTA per pair at the end of the grid folds the pair's
+  // partials as their CTAs finish and un-rotates (kernels::PagedDecodeParams::merge_flags), instead of each pair's last
+  // CTA merging alone after it; the grid runs as a work list (plan.int2_pieces, or the splits as pieces: see run).
+  // H200, Qwen3-8B, against the last-CTA merge, same call, two rounds: ragged 64 / 8K 88.1 -> 83.0 us, 32 / 8K 54.8 ->
+  // 50.4, 32 / 32K 131.4 -> 126.7, 8 / 100K 100.7 -> 99.6, 8 / 128K 122.8 -> 120.4; uniform 8 / 8K 34.1 -> 30.9, 32 / 8K
+  // 67.5 -> 65.0, 64 / 8K 116.4 -> 114.4, 8 / 128K 179.6 -> 175.7; the calls of >= 1 GB 0.1-1.8 % faster; but ragged
+  // 8 / 8K 24.8 -> 25.4. (One-wave grids keep the last-CTA merge: their merge CTAs would hold slots from the start.)
+  if (!parallel && plan.int2_splits > 0 && cache.host_int2_lengths.size() == static_cast<size_t>(g.batch) &&
+      cache.host_bf16_lengths.size() == static_cast<size_t>(g.batch) &&
+      kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim)) {
+    const long work_ctas = plan.int2_pieces.empty()
+                               ? pairs * plan.splits_total()
+                               : static_cast<long>(plan.int2_pieces.size()) * g.num_kv_heads + pairs * plan.bf16_splits;
+    plan.merge_ctas = work_ctas > slots;
+  }
   plan.int2_streams = plan.int2_chunk >= kernels::kInt2StreamsMinChunk;
   return plan;
 }
+
+namespace {
+// The INT2 pieces of a plan without them, in its grid's order: a split table's splits split-major, else each sequence's
+// equal chunks (see equal_pieces).
+std::vector<CudaDecodePlan::Int2Piece> pieces_of_splits(const DevicePagedCache& cache, const CudaDecodePlan& plan) {
+  if (plan.int2_split_start.size() != static_cast<size_t>(plan.int2_splits) + 1)
+    return equal_pieces(cache.host_int2_lengths, plan.int2_chunk, plan.bf16_splits > 0);
+  std::vector<CudaDecodePlan::Int2Piece> pieces;
+  for (int s = 0; s < plan.int2_splits; ++s)
+    for (int b = 0; b < cache.geometry.batch; ++b)
+      if (plan.int2_split_start[s] < cache.host_int2_lengths[b] || (s == 0 && plan.bf16_splits == 0))
+        pieces.push_back({b, plan.int2_split_start[s], plan.int2_split_start[s + 1]});
+  return pieces;
+}
+}  // namespace
 
 bool runs_parallel_merge(const PagedCacheGeometry& g, const CudaDecodePlan& plan) {
   // Its CTAs wait on the splits, so they and all splits must be resident at once.
@@ -493,17 +524,19 @@ bool runs_split_table(const CudaDecodePlan& plan, bool parallel_merge) {
 }
 
 namespace {
-// The grid of a plan with INT2 pieces: a CTA per piece and KV head in the plan's order, then the BF16 CTAs by sequence
-// (in the order of their first pieces), KV head and split. A pair's partial slots: its pieces in grid order, then its
-// BF16 splits. Throws unless each sequence's pieces tile its INT2 tokens from 0 in whole quanta within the plan's
-// int2_splits x int2_chunk, and every pair gets a partial.
-std::vector<kernels::DecodeWork> work_list(const DevicePagedCache& cache, const CudaDecodePlan& plan) {
+// The grid of INT2 pieces (the plan's or its splits as pieces): a CTA per piece and KV head in the pieces' order, then
+// the BF16 CTAs by sequence (in the order of their first pieces), KV head and split, then with merge_ctas a merge CTA
+// per pair in that order. A pair's partial slots: its pieces in grid order, then its BF16 splits. Throws unless each
+// sequence's pieces tile its INT2 tokens from 0 in whole quanta within the plan's int2_splits x int2_chunk, and every
+// pair gets a partial.
+std::vector<kernels::DecodeWork> work_list(const DevicePagedCache& cache, const CudaDecodePlan& plan,
+                                           const std::vector<CudaDecodePlan::Int2Piece>& pieces, bool merge_ctas) {
   const auto& g = cache.geometry;
   OSCAR_CHECK(cache.host_int2_lengths.size() == static_cast<size_t>(g.batch) &&
                   cache.host_bf16_lengths.size() == static_cast<size_t>(g.batch),
               "cuda decode: INT2 pieces need the cache's lengths on the host");
   std::vector<std::vector<std::pair<int, int>>> ranges(g.batch);
-  for (const auto& piece : plan.int2_pieces) {
+  for (const auto& piece : pieces) {
     OSCAR_CHECK(piece.sequence >= 0 && piece.sequence < g.batch, "cuda decode: an INT2 piece of sequence {} (batch {})",
                 piece.sequence, g.batch);
     ranges[piece.sequence].push_back({piece.begin, piece.end});
@@ -534,12 +567,12 @@ std::vector<kernels::DecodeWork> work_list(const DevicePagedCache& cache, const 
     w.begin = static_cast<int32_t>(begin), w.end = static_cast<int32_t>(std::max(begin, end));
     work.push_back(w);
   };
-  for (const auto& piece : plan.int2_pieces)
+  for (const auto& piece : pieces)
     for (int kv = 0; kv < g.num_kv_heads; ++kv)
       add(piece.sequence, kv, piece.begin, std::min<long>(cache.host_int2_lengths[piece.sequence], piece.end));
   std::vector<int32_t> order;  // the sequences by their first piece, then those without one
   std::vector<char> listed(g.batch, 0);
-  for (const auto& piece : plan.int2_pieces)
+  for (const auto& piece : pieces)
     if (!listed[piece.sequence]) listed[piece.sequence] = 1, order.push_back(piece.sequence);
   for (int b = 0; b < g.batch; ++b)
     if (!listed[b]) order.push_back(b);
@@ -548,6 +581,13 @@ std::vector<kernels::DecodeWork> work_list(const DevicePagedCache& cache, const 
       for (int k = 0; k < plan.bf16_splits; ++k)
         add(b, kv, static_cast<long>(k) * plan.bf16_chunk,
             std::min<long>(cache.host_bf16_lengths[b], static_cast<long>(k + 1) * plan.bf16_chunk));
+  if (merge_ctas)  // a merge CTA per pair, in the order of the sequences' first pieces
+    for (int32_t b : order)
+      for (int kv = 0; kv < g.num_kv_heads; ++kv) {
+        kernels::DecodeWork w;
+        w.pair = b * g.num_kv_heads + kv, w.slot = 0, w.count = static_cast<uint16_t>(count[b]);
+        work.push_back(w);
+      }
   return work;
 }
 }  // namespace
@@ -566,7 +606,11 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim);
   const int merge_parts = kernels::parallel_merge_parts(g.group, g.head_dim);
   const bool parallel = runs_parallel_merge(g, plan);
-  const bool table = runs_split_table(plan, parallel);
+  // Merge CTAs (the plan's choice) run the grid as a work list: the plan's pieces or its splits as pieces.
+  const bool merge_ctas = plan.merge_ctas && fused && !parallel && plan.int2_splits > 0 &&
+                          cache.host_int2_lengths.size() == static_cast<size_t>(g.batch) &&
+                          cache.host_bf16_lengths.size() == static_cast<size_t>(g.batch);
+  const bool table = !merge_ctas && runs_split_table(plan, parallel);
   // A plan made by hand must cover every token: the kernel reads only its splits' ranges.
   const long int2_cover = table ? plan.int2_split_start.back() : static_cast<long>(plan.int2_splits) * plan.int2_chunk;
   OSCAR_CHECK(int2_cover >= cache.max_int2_length, "cuda decode: the plan's INT2 splits cover {} of {} tokens", int2_cover,
@@ -593,23 +637,43 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   p.int2_page_table = cache.int2_page_table.get();
   p.int2_max_pages = cache.int2_max_pages;
   p.int2_lengths = cache.int2_lengths.get();
-  if (!plan.int2_pieces.empty()) {
-    OSCAR_CHECK(fused && !parallel && !table, "cuda decode: INT2 pieces need the last-CTA merge");
+  if (!plan.int2_pieces.empty() || merge_ctas) {
+    OSCAR_CHECK(fused && !parallel && !table, "cuda decode: INT2 pieces need the merge in the grid (last CTA or merge CTAs)");
+    const std::vector<CudaDecodePlan::Int2Piece> split_pieces =
+        plan.int2_pieces.empty() ? pieces_of_splits(cache, plan) : std::vector<CudaDecodePlan::Int2Piece>{};
+    const auto& pieces = plan.int2_pieces.empty() ? split_pieces : plan.int2_pieces;
     const WorkInputs& in = work_inputs_;
-    const bool same = work_ctas_ > 0 && in.pieces == plan.int2_pieces && in.int2_lengths == cache.host_int2_lengths &&
+    const bool same = work_ctas_ > 0 && in.merge_ctas == merge_ctas && in.pieces == pieces &&
+                      in.int2_lengths == cache.host_int2_lengths &&
                       in.bf16_lengths == cache.host_bf16_lengths && in.num_kv_heads == g.num_kv_heads &&
                       in.int2_splits == plan.int2_splits && in.int2_chunk == plan.int2_chunk &&
                       in.bf16_splits == plan.bf16_splits && in.bf16_chunk == plan.bf16_chunk;
     if (!same) {
-      const std::vector<kernels::DecodeWork> work = work_list(cache, plan);
+      const std::vector<kernels::DecodeWork> work = work_list(cache, plan, pieces, merge_ctas);
       work_.upload(work);
       work_ctas_ = static_cast<int>(work.size());
-      work_inputs_ = {plan.int2_pieces,     cache.host_int2_lengths, cache.host_bf16_lengths, g.num_kv_heads,
-                      plan.int2_splits,     plan.int2_chunk,         plan.bf16_splits,        plan.bf16_chunk};
+      work_inputs_ = {pieces,           cache.host_int2_lengths, cache.host_bf16_lengths, g.num_kv_heads,
+                      plan.int2_splits, plan.int2_chunk,         plan.bf16_splits,        plan.bf16_chunk,
+                      merge_ctas};
     }
     p.work = work_.get();
-    p.work_ctas = work_ctas_;
-    p.work_int2_ctas = static_cast<int>(work_ctas_ - pairs * plan.bf16_splits);
+    p.work_ctas = static_cast<int>(work_ctas_ - (merge_ctas ? pairs : 0));
+    p.work_int2_ctas = static_cast<int>(p.work_ctas - pairs * plan.bf16_splits);
+    if (merge_ctas) {
+      const size_t n = pairs * plan.splits_total();
+      if (flags_.size() < n) {
+        flags_.resize(n);
+        cuda_check(cudaMemsetAsync(flags_.get(), 0, n * sizeof(unsigned), stream), "cudaMemsetAsync");
+        epoch_ = 0;
+      }
+      if (++epoch_ == 0) {  // after 2^32 - 1 calls: flags back to zero
+        cuda_check(cudaMemsetAsync(flags_.get(), 0, flags_.size() * sizeof(unsigned), stream), "cudaMemsetAsync");
+        epoch_ = 1;
+      }
+      p.merge_flags = flags_.get();
+      p.merge_epoch = epoch_;
+      p.work_merge_ctas = static_cast<int>(pairs);
+    }
   }
   p.int2_splits = plan.int2_splits;
   p.int2_chunk = plan.int2_chunk;

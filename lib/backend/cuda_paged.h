@@ -110,6 +110,11 @@ struct CudaDecodePlan {
     bool operator==(const Int2Piece&) const = default;
   };
   std::vector<Int2Piece> int2_pieces;
+  // Merge in the grid by a merge CTA per (sequence, KV head) at its end (kernels::PagedDecodeParams::merge_flags)
+  // rather than by each pair's last CTA: the planner's choice for grids of more than one wave that are not merged in
+  // parallel (it needs the cache's lengths on the host). The decoder then runs the grid as a work list: the pieces, or
+  // without them the splits as pieces (a split table's split-major, else each sequence's equal chunks).
+  bool merge_ctas = false;
   int splits_total() const { return int2_splits + bf16_splits; }
 };
 CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int ctas_per_sm = 0);
@@ -140,10 +145,14 @@ class CudaPagedDecoder {
     std::vector<CudaDecodePlan::Int2Piece> pieces;
     std::vector<int32_t> int2_lengths, bf16_lengths;
     int num_kv_heads = 0, int2_splits = 0, int2_chunk = 0, bf16_splits = 0, bf16_chunk = 0;
+    bool merge_ctas = false;  // the list ends with a merge CTA per pair
   };
   DeviceBuffer<kernels::DecodeWork> work_;
   WorkInputs work_inputs_;
   int work_ctas_ = 0;
+  // Work-list grids with merge CTAs: [B, Hkv, splits_total] flags, zeroed when allocated; each call writes epoch_.
+  DeviceBuffer<unsigned> flags_;
+  unsigned epoch_ = 0;
 };
 
 }  // namespace oscar

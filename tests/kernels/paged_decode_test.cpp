@@ -49,6 +49,8 @@ struct DecodeCase {
   // >= kInt2StreamsMinChunk tokens), except with a forced chunk or split table, which test the loop's boundaries
   // and take the streams.
   int streams = -1;
+  // Grids merged in the grid: 0 / 1 the last-CTA merge / a merge CTA per pair forced; -1 the planner's choice.
+  int merge_ctas = -1;
 };
 
 HostPagedCache random_cache(const DecodeCase& c, uint64_t seed) {
@@ -147,6 +149,7 @@ std::vector<float> run_case(const DecodeCase& c, CudaPagedDecoder* shared = null
     EXPECT_TRUE(runs_parallel_merge(g, plan))
         << c.label << ": " << plan.int2_splits << " + " << plan.bf16_splits << " splits, no parallel merge";
   plan.parallel_merge = c.parallel_merge;
+  if (c.merge_ctas >= 0) plan.merge_ctas = c.merge_ctas == 1;
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, d);
   ::testing::Test::RecordProperty("fused_merge", fused ? "yes" : "no");
   decoder.run(dev, plan, dq.get(), static_cast<float>(scale), c.rotate ? drot.get() : nullptr, dout.get());
@@ -324,6 +327,31 @@ TEST(PagedDecode, RaggedBatchesBelow64KMayRunTheirChunksLargestFirst) {
   EXPECT_TRUE(whole.int2_pieces.empty());
 }
 
+TEST(PagedDecode, GridsOfMoreThanOneWaveAreMergedByMergeCtas) {
+  // Planner only, 132 multiprocessors x 4 slots, Qwen3-8B, lengths on the host (as the decoder's caches have them):
+  // merge CTAs for grids of more than one wave (ragged 64 / 8K, uniform 64 / 8K, ragged 8 / 100K with pieces); none
+  // for a small grid (batch 4 / 8K), at batch 1 (the parallel merge) or without the lengths.
+  auto cache = [](int batch, int context, bool ragged, bool host = true) {
+    DevicePagedCache c;
+    c.geometry.batch = batch, c.geometry.num_kv_heads = 8, c.geometry.group = 4, c.geometry.head_dim = 128;
+    std::vector<int32_t> lengths(batch);
+    for (int b = 0; b < batch; ++b)
+      lengths[b] = (ragged && batch > 1 ? context / 4 + (context - context / 4) * b / (batch - 1) : context) - 320;
+    if (host) c.host_int2_lengths = lengths, c.host_bf16_lengths.assign(batch, 320);
+    c.min_int2_length = *std::min_element(lengths.begin(), lengths.end());
+    c.max_int2_length = *std::max_element(lengths.begin(), lengths.end());
+    c.max_bf16_length = 320;
+    return c;
+  };
+  EXPECT_TRUE(plan_cuda_decode(cache(64, 8192, true), 132, 4).merge_ctas) << "ragged 64 / 8K";
+  EXPECT_TRUE(plan_cuda_decode(cache(64, 8192, false), 132, 4).merge_ctas) << "uniform 64 / 8K";
+  const CudaDecodePlan pieces = plan_cuda_decode(cache(8, 102400, true), 132, 4);
+  EXPECT_TRUE(pieces.merge_ctas && !pieces.int2_pieces.empty()) << "ragged 8 / 100K";
+  EXPECT_FALSE(plan_cuda_decode(cache(4, 8192, false), 132, 4).merge_ctas) << "uniform 4 / 8K: a small grid";
+  EXPECT_FALSE(plan_cuda_decode(cache(1, 102400, false), 132, 4).merge_ctas) << "batch 1 / 100K: the parallel merge";
+  EXPECT_FALSE(plan_cuda_decode(cache(64, 8192, false, false), 132, 4).merge_ctas) << "no lengths on the host";
+}
+
 TEST(PagedDecode, OneDecoderAcrossPlansAndLengths) {
   // One decoder for several calls whose work lists differ in one input each: the length of one sequence (the same
   // pieces, which end past it, as the planner's balanced pieces do), the pieces, the KV heads. A stale work list would
@@ -339,29 +367,59 @@ TEST(PagedDecode, OneDecoderAcrossPlansAndLengths) {
   cut.sequence_chunks = {{0, 4608}, {1, 1024}, {2, 128}}, cut.label = "pieces A, sequence 0 in larger pieces";
   DecodeCase heads = a;
   heads.kv_heads = 2, heads.label = "pieces A, 2 KV heads";
-  for (const DecodeCase* c : {&a, &longer, &cut, &heads, &a}) run_case(*c, &decoder);
+  DecodeCase merged = a;
+  merged.merge_ctas = 1, merged.label = "pieces A, merge CTAs";
+  DecodeCase merged_longer = longer;
+  merged_longer.merge_ctas = 1, merged_longer.label = "pieces A, sequence 2 longer, merge CTAs";
+  for (const DecodeCase* c : {&a, &longer, &cut, &heads, &merged, &merged_longer, &a, &merged}) run_case(*c, &decoder);
 }
 
 TEST(PagedDecode, Int2PiecesInAnyOrder) {
-  // INT2 pieces made by hand, the last-CTA merge: longest first (with ties), a sequence without INT2 tokens
-  // (no INT2 piece, its BF16 partial only) and one whose pieces are 1 quantum, pages of 16 and 64; and a batch
-  // without a BF16 tier, whose INT2-less sequence keeps one empty INT2 piece. Every output must land in its own
-  // sequence's rows.
-  for (int page : {16, 64}) {
-    DecodeCase c{128, 4, 4, {9000, 4100, 4100, 1000, 129, 0}, {320, 7, 64, 0, 33, 5}, page, 64, 4, true,
-                 "INT2 pieces, longest first, page " + std::to_string(page)};
-    c.parallel_merge = false;
-    c.sequence_chunks = {{0, 2304}, {1, 1024}, {2, 4224}, {3, 128}, {4, 256}, {5, 128}};
-    run_case(c);
+  // INT2 pieces made by hand, merged by the last CTA and by merge CTAs: longest first (with ties), a sequence without
+  // INT2 tokens (no INT2 piece, its BF16 partial only) and one whose pieces are 1 quantum, pages of 16 and 64; and a
+  // batch without a BF16 tier, whose INT2-less sequence keeps one empty INT2 piece (an empty partial for the merge CTA
+  // to skip). Every output must land in its own sequence's rows.
+  for (int merge_ctas : {0, 1}) {
+    const std::string merge = merge_ctas ? ", merge CTAs" : ", last-CTA merge";
+    for (int page : {16, 64}) {
+      DecodeCase c{128, 4, 4, {9000, 4100, 4100, 1000, 129, 0}, {320, 7, 64, 0, 33, 5}, page, 64, 4, true,
+                   "INT2 pieces, longest first, page " + std::to_string(page) + merge};
+      c.parallel_merge = false, c.merge_ctas = merge_ctas;
+      c.sequence_chunks = {{0, 2304}, {1, 1024}, {2, 4224}, {3, 128}, {4, 256}, {5, 128}};
+      run_case(c);
+    }
+    DecodeCase g8{64, 8, 2, {7000, 3000, 64}, {320, 320, 320}, 64, 64, 4, true, "INT2 pieces, d=64 g=8" + merge};
+    g8.parallel_merge = false, g8.merge_ctas = merge_ctas;
+    g8.sequence_chunks = {{2, 128}, {0, 1792}, {1, 3072}};
+    run_case(g8);
+    DecodeCase none{128, 4, 2, {5000, 0, 700}, {0, 0, 0}, 64, 64, 4, true, "INT2 pieces, no BF16 tier" + merge};
+    none.parallel_merge = false, none.merge_ctas = merge_ctas;
+    none.sequence_chunks = {{1, 128}, {2, 384}, {0, 1280}};
+    run_case(none);
   }
-  DecodeCase g8{64, 8, 2, {7000, 3000, 64}, {320, 320, 320}, 64, 64, 4, true, "INT2 pieces, d=64 g=8"};
-  g8.parallel_merge = false;
-  g8.sequence_chunks = {{2, 128}, {0, 1792}, {1, 3072}};
-  run_case(g8);
-  DecodeCase none{128, 4, 2, {5000, 0, 700}, {0, 0, 0}, 64, 64, 4, true, "INT2 pieces, no BF16 tier"};
-  none.parallel_merge = false;
-  none.sequence_chunks = {{1, 128}, {2, 384}, {0, 1280}};
-  run_case(none);
+}
+
+TEST(PagedDecode, MergeCtasOverSplitsAsPieces) {
+  // Merge CTAs where the plan has no pieces: its splits become the work list's pieces (a split table's split-major,
+  // equal chunks per sequence), d = 64 / 128 / 256 with g = 1 / 4 / 8 (several output items per thread at d = 256,
+  // g = 8), more partials than a merge CTA folds in one round (32 splits of 128 tokens), ragged lengths with a
+  // sequence of BF16 tokens only, and no R_V^T.
+  DecodeCase table{128, 4, 2, {5000, 5000}, {320, 320}, 64, 64, 4, true, "split table as pieces, merge CTAs"};
+  table.split_starts = {0, 2048, 3584, 4608, 5120};
+  table.parallel_merge = false, table.merge_ctas = 1;
+  run_case(table);
+  DecodeCase many{128, 4, 2, {4096, 1000, 0}, {320, 7, 64}, 64, 64, 4, true, "32 equal splits, ragged, merge CTAs"};
+  many.force_int2_chunk = 128;
+  many.parallel_merge = false, many.merge_ctas = 1;
+  run_case(many);
+  DecodeCase wide{256, 8, 2, {3000, 900}, {100, 320}, 64, 64, 4, true, "d=256 g=8, merge CTAs"};
+  wide.force_int2_chunk = 1024;
+  wide.parallel_merge = false, wide.merge_ctas = 1;
+  run_case(wide);
+  DecodeCase mha{64, 1, 4, {3000, 2000}, {320, 320}, 64, 64, 4, false, "d=64 g=1, no R_V^T, merge CTAs"};
+  mha.force_int2_chunk = 512;
+  mha.parallel_merge = false, mha.merge_ctas = 1;
+  run_case(mha);
 }
 
 TEST(PagedDecode, SmallestSplitsAndRepeatedCalls) {
