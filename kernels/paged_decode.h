@@ -99,7 +99,8 @@ struct PagedDecodeParams {
   // entries [work_ctas, work_ctas + work_merge_ctas) naming a pair and its count. A CTA that wrote its partial sets
   // merge_flags[pair * splits_total + slot] to merge_epoch (release) instead of arriving; the pair's merge CTA loads
   // R_V^T, then folds the partials in slot order as their flags show the epoch, and un-rotates. merge_flags must not
-  // hold merge_epoch before the call (the caller counts the epoch up from 1 over flags zeroed once).
+  // hold merge_epoch before the call (the caller counts the epoch up from 1 over flags zeroed once). The merge CTAs
+  // spin, so the caller keeps them fewer than the CTAs resident at once (the work they wait for then has a slot).
   unsigned* merge_flags = nullptr;
   unsigned merge_epoch = 0;
   int work_merge_ctas = 0;

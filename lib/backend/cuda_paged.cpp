@@ -138,6 +138,10 @@ std::vector<int> falling_starts(long length, int splits, double first) {
   return start;
 }
 
+// Merge CTAs spin until their pair's partials are written, so there must be fewer of them than CTAs resident at once:
+// then, whatever order the grid is dispatched in, the spinning ones leave a slot to the work they wait for.
+bool merge_ctas_progress(long pairs, long resident) { return pairs < resident; }
+
 // Ragged batches of long sequences: every sequence gets its own number of INT2 pieces (see plan_cuda_decode).
 using Int2Piece = CudaDecodePlan::Int2Piece;
 // INT2 tokens per split at most: long CTAs leave the end of the launch waiting on the slowest of them, and the
@@ -482,7 +486,8 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
   // 50.4, 32 / 32K 131.4 -> 126.7, 8 / 100K 100.7 -> 99.6, 8 / 128K 122.8 -> 120.4; uniform 8 / 8K 34.1 -> 30.9, 32 / 8K
   // 67.5 -> 65.0, 64 / 8K 116.4 -> 114.4, 8 / 128K 179.6 -> 175.7; the calls of >= 1 GB 0.1-1.8 % faster; but ragged
   // 8 / 8K 24.8 -> 25.4. (One-wave grids keep the last-CTA merge: their merge CTAs would hold slots from the start.)
-  if (!parallel && plan.int2_splits > 0 && cache.host_int2_lengths.size() == static_cast<size_t>(g.batch) &&
+  if (!parallel && plan.int2_splits > 0 && merge_ctas_progress(pairs, resident) &&
+      cache.host_int2_lengths.size() == static_cast<size_t>(g.batch) &&
       cache.host_bf16_lengths.size() == static_cast<size_t>(g.batch) &&
       kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim)) {
     const long work_ctas = plan.int2_pieces.empty()
@@ -607,7 +612,9 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   const int merge_parts = kernels::parallel_merge_parts(g.group, g.head_dim);
   const bool parallel = runs_parallel_merge(g, plan);
   // Merge CTAs (the plan's choice) run the grid as a work list: the plan's pieces or its splits as pieces.
+  const long resident = static_cast<long>(cuda_multiprocessor_count()) * kernels::paged_decode_ctas_per_sm(g.head_dim);
   const bool merge_ctas = plan.merge_ctas && fused && !parallel && plan.int2_splits > 0 &&
+                          merge_ctas_progress(static_cast<long>(pairs), resident) &&
                           cache.host_int2_lengths.size() == static_cast<size_t>(g.batch) &&
                           cache.host_bf16_lengths.size() == static_cast<size_t>(g.batch);
   const bool table = !merge_ctas && runs_split_table(plan, parallel);
