@@ -967,6 +967,21 @@ struct Unrotation {
 #pragma unroll
     for (int u = 0; u < RU; ++u) r[u] = __ldg(rot4 + (size_t)u * (D / 4));
   }
+  // A merge's reads of M at its start: the first round into registers, the rest into tail by cp.async (a group of its
+  // own if `commit`, else the caller's next) or, without a tail, sent to L2.
+  __device__ static void load_start(const float* rot, float4 (&first)[RU], float4* tail, bool commit) {
+    load(rot, 0, first);
+    if (tail) {
+      const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
+      const float* src = rot + (size_t)(slice * ROWS + RU) * D + 4 * quad;
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(tail + threadIdx.x));
+      for (int u = 0; u < ROWS - RU; ++u) cp_async16_if(dst + u * kThreads * 16, src + (size_t)u * D, true);
+      if (commit) cp_async_commit();
+    } else if (ROWS > RU) {
+      for (int off = threadIdx.x * 32; off < D * D; off += kThreads * 32)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rot + off));
+    }
+  }
 };
 template <int D>
 __device__ __forceinline__ void unrotate(const float* merged, const float* rot, float* scratch, int g, float* out,
@@ -1040,18 +1055,7 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int pair, 
   const float* po = p.partial_out + (size_t)pair * stride * gd;   // [S, g, D]
   const float* rot = p.value_rotation_t ? p.value_rotation_t + kv * p.rotation_kv_head_stride : nullptr;
   float4 first[U::RU];
-  if (rot) {
-    U::load(rot, 0, first);
-    if (tail) {
-      const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
-      const float* src = rot + (size_t)(slice * U::ROWS + U::RU) * D + 4 * quad;
-      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(tail + threadIdx.x));
-      for (int u = 0; u < U::ROWS - U::RU; ++u) cp_async16_if(dst + u * kThreads * 16, src + (size_t)u * D, true);
-    } else if (U::ROWS > U::RU) {
-      for (int off = threadIdx.x * 32; off < D * D; off += kThreads * 32)
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rot + off));
-    }
-  }
+  if (rot) U::load_start(rot, first, tail, false);  // committed with the first partials
   const uint32_t buf_smem = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
   auto load_splits = [&](int s0) {  // partials of splits [s0, s0 + C) into buf (read through L2)
     const int n = min(C, S - s0) * gd / 4;
@@ -1120,19 +1124,7 @@ __device__ void merge_flagged(const PagedDecodeParams& p, uint8_t* smem, int pai
   const unsigned* flags = p.merge_flags + (size_t)pair * stride;
   const float* rot = p.value_rotation_t ? p.value_rotation_t + kv * p.rotation_kv_head_stride : nullptr;
   float4 first[U::RU];
-  if (rot) {
-    U::load(rot, 0, first);
-    if (tail) {
-      const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
-      const float* src = rot + (size_t)(slice * U::ROWS + U::RU) * D + 4 * quad;
-      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(tail + threadIdx.x));
-      for (int u = 0; u < U::ROWS - U::RU; ++u) cp_async16_if(dst + u * kThreads * 16, src + (size_t)u * D, true);
-      cp_async_commit();
-    } else if (U::ROWS > U::RU) {
-      for (int off = threadIdx.x * 32; off < D * D; off += kThreads * 32)
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rot + off));
-    }
-  }
+  if (rot) U::load_start(rot, first, tail, true);
   const int n4 = gd / 4;
   float4 acc[MAX_ITEMS];
   float m[MAX_ITEMS], l[MAX_ITEMS];
