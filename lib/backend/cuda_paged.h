@@ -111,8 +111,8 @@ struct CudaDecodePlan {
   };
   std::vector<Int2Piece> int2_pieces;
   // Merge in the grid by a merge CTA per (sequence, KV head) at its end (kernels::PagedDecodeParams::merge_flags)
-  // rather than by each pair's last CTA: the planner's choice for grids of more than one wave that are not merged in
-  // parallel, with fewer pairs than CTAs resident at once (it needs the cache's lengths on the host). The decoder then
+  // rather than by each pair's last CTA: the planner's choice for grids of more than one and at most two waves that are
+  // not merged in parallel, with fewer pairs than CTAs resident at once (it needs the cache's lengths on the host). The decoder then
   // runs the grid as a work list: the pieces, or without them the splits as pieces (a split table's split-major, else
   // each sequence's equal chunks).
   bool merge_ctas = false;

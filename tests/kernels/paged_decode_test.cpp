@@ -327,11 +327,11 @@ TEST(PagedDecode, RaggedBatchesBelow64KMayRunTheirChunksLargestFirst) {
   EXPECT_TRUE(whole.int2_pieces.empty());
 }
 
-TEST(PagedDecode, GridsOfMoreThanOneWaveAreMergedByMergeCtas) {
+TEST(PagedDecode, GridsOfOneToTwoWavesAreMergedByMergeCtas) {
   // Planner only, 132 multiprocessors x 4 slots, Qwen3-8B, lengths on the host (as the decoder's caches have them):
-  // merge CTAs for grids of more than one wave (ragged 64 / 8K, uniform 64 / 8K, ragged 8 / 100K with pieces); none
-  // for a small grid (batch 4 / 8K), at batch 1 (the parallel merge), without the lengths, or for more pairs than
-  // resident CTAs.
+  // merge CTAs for grids of more than one and at most two waves (ragged 64 / 8K, uniform 64 / 8K, ragged 8 / 100K with
+  // pieces); none for a small grid (batch 4 / 8K), a long one (uniform 64 / 100K), at batch 1 (the parallel merge),
+  // without the lengths, or for more pairs than resident CTAs.
   auto cache = [](int batch, int context, bool ragged, bool host = true) {
     DevicePagedCache c;
     c.geometry.batch = batch, c.geometry.num_kv_heads = 8, c.geometry.group = 4, c.geometry.head_dim = 128;
@@ -349,6 +349,7 @@ TEST(PagedDecode, GridsOfMoreThanOneWaveAreMergedByMergeCtas) {
   const CudaDecodePlan pieces = plan_cuda_decode(cache(8, 102400, true), 132, 4);
   EXPECT_TRUE(pieces.merge_ctas && !pieces.int2_pieces.empty()) << "ragged 8 / 100K";
   EXPECT_FALSE(plan_cuda_decode(cache(4, 8192, false), 132, 4).merge_ctas) << "uniform 4 / 8K: a small grid";
+  EXPECT_FALSE(plan_cuda_decode(cache(64, 102400, false), 132, 4).merge_ctas) << "uniform 64 / 100K: many waves";
   EXPECT_FALSE(plan_cuda_decode(cache(1, 102400, false), 132, 4).merge_ctas) << "batch 1 / 100K: the parallel merge";
   EXPECT_FALSE(plan_cuda_decode(cache(64, 8192, false, false), 132, 4).merge_ctas) << "no lengths on the host";
   // 1024 pairs: as many merge CTAs as resident CTAs could leave their pairs' work no slot, whatever the dispatch order.
