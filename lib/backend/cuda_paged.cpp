@@ -483,13 +483,13 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
   // partials as their CTAs finish and un-rotates (kernels::PagedDecodeParams::merge_flags), instead of each pair's last
   // CTA merging alone after it; the grid runs as a work list (plan.int2_pieces, or the splits as pieces: see run).
   // H200, Qwen3-8B, against the last-CTA merge, same call, two rounds: ragged 64 / 8K 88.1 -> 83.0 us, 32 / 8K 54.8 ->
-  // 50.4, 32 / 32K 131.4 -> 126.7, 8 / 100K 100.7 -> 99.6, 8 / 128K 122.8 -> 120.4; uniform 8 / 8K 34.1 -> 30.9, 32 / 8K
-  // 67.5 -> 65.0, 64 / 8K 116.4 -> 114.4, 8 / 128K 179.6 -> 175.7; the calls of >= 1 GB 0.1-1.8 % faster; but ragged
-  // 8 / 8K 24.8 -> 25.4. (One-wave grids keep the last-CTA merge: their merge CTAs would hold slots from the start.)
+  // 50.4, 32 / 32K 131.4 -> 126.7, 8 / 100K 100.7 -> 99.6; uniform 8 / 8K 34.1 -> 30.9, 32 / 8K 67.5 -> 65.0, 64 / 8K
+  // 116.4 -> 114.4; but ragged 8 / 8K 24.8 -> 25.4. (One-wave grids keep the last-CTA merge: their merge CTAs would
+  // hold slots from the start.)
   // At most two waves: in longer grids the merges are a small share, and the work list (which drops the split-table
   // kernel) cost more than the merge CTAs saved in other geometries (H200, against merge CTAs in every multi-wave grid,
   // same call: Llama-3.2-1B, d = 64, 64 / 100K 612.7 -> 591.2 us, 32 / 100K 314.3 -> 304.5; Llama-3-70B, g = 8, ragged
-  // 64 / 100K 694.0 -> 672.5; Qwen3-8B's calls of more than two waves +0.9 to +1.9 %, e.g. ragged 32 / 100K 328.4 ->
+  // 64 / 100K 694.0 -> 672.5; Qwen3-8B's calls of more than two waves -0.1 to +1.9 %, e.g. ragged 32 / 100K 328.4 ->
   // 334.5, its two-wave calls within 0.8 %).
   if (!parallel && plan.int2_splits > 0 && merge_ctas_progress(pairs, resident) &&
       cache.host_int2_lengths.size() == static_cast<size_t>(g.batch) &&
