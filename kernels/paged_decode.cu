@@ -1332,8 +1332,8 @@ enum class Int2Pages { none, small, paired };
 // STREAMS: two softmax streams in the INT2 warps (g <= 4, not with PARALLEL).
 // WORK (not with PARALLEL or TABLE): the CTAs take their shares from p.work, a kernel of its own so that the grids
 // without a work list keep their code (in one kernel, ragged 64 / 8K and 32 / 8K ran 1.9-2.4 % slower).
-// MERGE_CTAS (with WORK, p.merge_flags): a CTA flags its partial and exits; the grid's last p.work_merge_ctas CTAs merge
-// (merge_flagged). Its own kernels, so that the others keep their code (SASS-identical to those before it).
+// MERGE_CTAS (with WORK, p.merge_flags): a CTA flags its partial and exits; the grid's last p.work_merge_ctas CTAs
+// merge (merge_flagged). Its own kernels, so that the others keep their code (SASS-identical to those before it).
 template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK, bool MERGE_CTAS = false>
 __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_decode_kernel(const PagedDecodeParams p) {
   constexpr bool HAS_INT2 = PAGES != Int2Pages::none;
@@ -1656,9 +1656,10 @@ void check_paged_decode(const PagedDecodeParams& p) {
     require(p.work_int2_ctas == 0 || p.int2_splits > 0, "a work list's INT2 CTAs need an INT2 tier");
     require(p.work_int2_ctas == p.work_ctas || p.bf16_splits > 0, "a work list's BF16 CTAs need a BF16 tier");
   }
-  if (p.merge_flags)
-    require(p.work && p.int2_splits > 0 && p.work_merge_ctas >= 1 && p.merge_epoch != 0,
-            "merge CTAs need a work list with an INT2 tier, 1 or more of them and an epoch other than 0");
+  if (p.merge_flags)  // (without merge_counters the work CTAs would not set the flags, and the merge CTAs would spin)
+    require(p.work && p.merge_counters && p.int2_splits > 0 && p.work_merge_ctas >= 1 && p.merge_epoch != 0,
+            "merge CTAs need a work list with the merge in the grid, an INT2 tier, 1 or more of them and an epoch "
+            "other than 0");
 }
 
 void launch_paged_decode(const PagedDecodeParams& p, cudaStream_t stream) {

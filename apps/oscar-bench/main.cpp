@@ -214,7 +214,7 @@ int bench_main(int argc, char** argv) {
   // int2_splits / bf16_splits / split_plan: the decode's split plan (split_plan: parallel-merge, table = a split
   // table of falling or equal sizes, equal = equal chunks, pieces = each sequence of a ragged batch in pieces of its
   // own (int2_splits is then the most pieces of any sequence); merged by each pair's last CTA, or with the suffix
-  // +merge-ctas (grids of more than one wave) by a merge CTA per pair at the end of the grid).
+  // +merge-ctas (grids of one to two waves) by a merge CTA per pair at the end of the grid).
   table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "launches", "int2_splits", "bf16_splits",
                   "split_plan", "mbytes", "time_us", "noise_pct", "sm_mhz", "tbps", "pct_peak", "floor_us", "pct_floor",
                   "speedup_vs_bf16", "gpu"};

@@ -138,9 +138,17 @@ std::vector<int> falling_starts(long length, int splits, double first) {
   return start;
 }
 
-// Merge CTAs spin until their pair's partials are written, so there must be fewer of them than CTAs resident at once:
-// then, whatever order the grid is dispatched in, the spinning ones leave a slot to the work they wait for.
-bool merge_ctas_progress(long pairs, long resident) { return pairs < resident; }
+// Whether a plan's grid can end with merge CTAs (see CudaDecodePlan::merge_ctas): merged in the grid but not in
+// parallel, an INT2 tier, the fused merge's scratch, the lengths on the host (for the work list), and fewer pairs than
+// CTAs resident at once: merge CTAs spin until their pair's partials are written, and then, whatever order the grid is
+// dispatched in, the spinning ones leave a slot to the work they wait for.
+bool merge_ctas_possible(const DevicePagedCache& cache, const CudaDecodePlan& plan, bool parallel, long resident) {
+  const auto& g = cache.geometry;
+  const size_t batch = static_cast<size_t>(g.batch);
+  return !parallel && plan.int2_splits > 0 && static_cast<long>(g.batch) * g.num_kv_heads < resident &&
+         cache.host_int2_lengths.size() == batch && cache.host_bf16_lengths.size() == batch &&
+         kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim);
+}
 
 // Ragged batches of long sequences: every sequence gets its own number of INT2 pieces (see plan_cuda_decode).
 using Int2Piece = CudaDecodePlan::Int2Piece;
@@ -491,10 +499,7 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
   // same call: Llama-3.2-1B, d = 64, 64 / 100K 612.7 -> 591.2 us, 32 / 100K 314.3 -> 304.5; Llama-3-70B, g = 8, ragged
   // 64 / 100K 694.0 -> 672.5; Qwen3-8B's calls of more than two waves -0.1 to +1.9 %, e.g. ragged 32 / 100K 328.4 ->
   // 334.5, its two-wave calls within 0.8 %).
-  if (!parallel && plan.int2_splits > 0 && merge_ctas_progress(pairs, resident) &&
-      cache.host_int2_lengths.size() == static_cast<size_t>(g.batch) &&
-      cache.host_bf16_lengths.size() == static_cast<size_t>(g.batch) &&
-      kernels::fused_merge_fits(plan.splits_total(), g.group, g.head_dim)) {
+  if (merge_ctas_possible(cache, plan, parallel, resident)) {
     const long work_ctas = plan.int2_pieces.empty()
                                ? pairs * plan.splits_total()
                                : static_cast<long>(plan.int2_pieces.size()) * g.num_kv_heads + pairs * plan.bf16_splits;
@@ -618,10 +623,7 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   const bool parallel = runs_parallel_merge(g, plan);
   // Merge CTAs (the plan's choice) run the grid as a work list: the plan's pieces or its splits as pieces.
   const long resident = static_cast<long>(cuda_multiprocessor_count()) * kernels::paged_decode_ctas_per_sm(g.head_dim);
-  const bool merge_ctas = plan.merge_ctas && fused && !parallel && plan.int2_splits > 0 &&
-                          merge_ctas_progress(static_cast<long>(pairs), resident) &&
-                          cache.host_int2_lengths.size() == static_cast<size_t>(g.batch) &&
-                          cache.host_bf16_lengths.size() == static_cast<size_t>(g.batch);
+  const bool merge_ctas = plan.merge_ctas && merge_ctas_possible(cache, plan, parallel, resident);
   const bool table = !merge_ctas && runs_split_table(plan, parallel);
   // A plan made by hand must cover every token: the kernel reads only its splits' ranges.
   const long int2_cover = table ? plan.int2_split_start.back() : static_cast<long>(plan.int2_splits) * plan.int2_chunk;
@@ -650,7 +652,8 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   p.int2_max_pages = cache.int2_max_pages;
   p.int2_lengths = cache.int2_lengths.get();
   if (!plan.int2_pieces.empty() || merge_ctas) {
-    OSCAR_CHECK(fused && !parallel && !table, "cuda decode: INT2 pieces need the merge in the grid (last CTA or merge CTAs)");
+    OSCAR_CHECK(fused && !parallel && !table,
+                "cuda decode: INT2 pieces need the merge in the grid (last CTA or merge CTAs)");
     const std::vector<CudaDecodePlan::Int2Piece> split_pieces =
         plan.int2_pieces.empty() ? pieces_of_splits(cache, plan) : std::vector<CudaDecodePlan::Int2Piece>{};
     const auto& pieces = plan.int2_pieces.empty() ? split_pieces : plan.int2_pieces;

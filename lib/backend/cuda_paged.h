@@ -111,10 +111,10 @@ struct CudaDecodePlan {
   };
   std::vector<Int2Piece> int2_pieces;
   // Merge in the grid by a merge CTA per (sequence, KV head) at its end (kernels::PagedDecodeParams::merge_flags)
-  // rather than by each pair's last CTA: the planner's choice for grids of more than one and at most two waves that are
-  // not merged in parallel, with fewer pairs than CTAs resident at once (it needs the cache's lengths on the host). The decoder then
-  // runs the grid as a work list: the pieces, or without them the splits as pieces (a split table's split-major, else
-  // each sequence's equal chunks).
+  // rather than by each pair's last CTA: the planner's choice for grids of more than one and at most two waves that
+  // are not merged in parallel, with fewer pairs than CTAs resident at once (it needs the cache's lengths on the
+  // host). The decoder then runs the grid as a work list: the pieces, or without them the splits as pieces (a split
+  // table's split-major, else each sequence's equal chunks). A plan that cannot have them is merged by its last CTAs.
   bool merge_ctas = false;
   int splits_total() const { return int2_splits + bf16_splits; }
 };
