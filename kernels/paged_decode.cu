@@ -996,15 +996,20 @@ __device__ __forceinline__ void unrotate(const float* merged, const float* rot, 
   float4 acc[kGroup];
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
+  // Head-major: a head's RU merged values are read together, then its 4 RU FMAs. (Rows-major, each head's read sat
+  // behind its own branch (h < g), so every 16 FMAs waited for a shared-memory round trip: the phase took ~2 us of a
+  // merge at the end of the launch.)
   auto fma_rows = [&](int r0, const float4(&r)[RU]) {
 #pragma unroll
-    for (int u = 0; u < RU; u += 4) {
+    for (int h = 0; h < kGroup; ++h) {
+      if (h < g) {
+        float4 m[RU / 4];
 #pragma unroll
-      for (int h = 0; h < kGroup; ++h) {
-        if (h < g) {
-          const float4 m = *reinterpret_cast<const float4*>(merged + h * D + slice * ROWS + r0 + u);
-          fma4(m.x, r[u], acc[h]), fma4(m.y, r[u + 1], acc[h]);
-          fma4(m.z, r[u + 2], acc[h]), fma4(m.w, r[u + 3], acc[h]);
+        for (int u = 0; u < RU; u += 4) m[u / 4] = *reinterpret_cast<const float4*>(merged + h * D + slice * ROWS + r0 + u);
+#pragma unroll
+        for (int u = 0; u < RU; u += 4) {
+          fma4(m[u / 4].x, r[u], acc[h]), fma4(m[u / 4].y, r[u + 1], acc[h]);
+          fma4(m[u / 4].z, r[u + 2], acc[h]), fma4(m[u / 4].w, r[u + 3], acc[h]);
         }
       }
     }
