@@ -1338,7 +1338,8 @@ enum class Int2Pages { none, small, paired };
 // WORK (not with PARALLEL or TABLE): the CTAs take their shares from p.work, a kernel of its own so that the grids
 // without a work list keep their code (in one kernel, ragged 64 / 8K and 32 / 8K ran 1.9-2.4 % slower).
 // MERGE_CTAS (with WORK, p.merge_flags): a CTA flags its partial and exits; the grid's last p.work_merge_ctas CTAs
-// merge (merge_flagged). Its own kernels, so that the others keep their code (SASS-identical to those before it).
+// merge (merge_flagged). Its own kernels, so that the others keep their code (when added, the other 72 kernels' SASS
+// was unchanged).
 template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK, bool MERGE_CTAS = false>
 __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_decode_kernel(const PagedDecodeParams p) {
   constexpr bool HAS_INT2 = PAGES != Int2Pages::none;
