@@ -33,6 +33,7 @@ struct DecodeCase {
   bool rotate = true;
   std::string label;
   int force_int2_chunk = 0;  // > 0: bypass the planner (e.g. more splits than the fused merge holds)
+  int force_bf16_chunk = 0;  // > 0: the BF16 tier in splits of this many tokens instead of the planner's
   bool parallel_merge = true;  // false: the last split CTA merges even where merge CTAs would fit
   std::vector<int> split_starts;  // non-empty: this INT2 split table instead of the planner's splits
   bool expect_planned_table = false;  // the planner itself must choose a split table
@@ -123,6 +124,10 @@ std::vector<float> run_case(const DecodeCase& c, CudaPagedDecoder* shared = null
     plan.int2_splits = static_cast<int>(c.split_starts.size()) - 1;
     for (size_t s = 1; s < c.split_starts.size(); ++s)
       plan.int2_chunk = std::max(plan.int2_chunk, c.split_starts[s] - c.split_starts[s - 1]);
+  }
+  if (c.force_bf16_chunk > 0 && dev.max_bf16_length > 0) {
+    plan.bf16_chunk = c.force_bf16_chunk;
+    plan.bf16_splits = (dev.max_bf16_length + plan.bf16_chunk - 1) / plan.bf16_chunk;
   }
   if (c.streams >= 0)
     plan.int2_streams = c.streams == 1;
@@ -401,6 +406,21 @@ TEST(PagedDecode, Int2PiecesInAnyOrder) {
     none.sequence_chunks = {{1, 128}, {2, 384}, {0, 1280}};
     run_case(none);
   }
+}
+
+TEST(PagedDecode, LongBf16SplitsInWorkLists) {
+  // Long BF16 splits in work-list grids: splits of 4608 tokens give each warp 35-36 blocks of 32 tokens over many
+  // pages, beside a short BF16 tier, a sequence of BF16 tokens only and a last block of 4 tokens; both merges, d = 64 /
+  // 128 / 256. (The other work-list cases have BF16 tiers of at most 320 tokens, 3 blocks per warp.)
+  for (int merge_ctas : {0, 1})
+    for (int d : {64, 128, 256}) {
+      DecodeCase c{d, 4, 2, {3000, 500, 0}, {4500, 700, 4420}, 64, 64, 4, true,
+                   "long BF16 splits, d=" + std::to_string(d) + (merge_ctas ? ", merge CTAs" : ", last-CTA merge")};
+      c.parallel_merge = false, c.merge_ctas = merge_ctas;
+      c.sequence_chunks = {{0, 1024}, {1, 512}, {2, 128}};
+      c.force_bf16_chunk = 4608;
+      run_case(c);
+    }
 }
 
 TEST(PagedDecode, MergeCtasOverSplitsAsPieces) {
