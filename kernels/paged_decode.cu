@@ -924,6 +924,11 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
 // lse2, the weighted sum of the partials (read through L2: other CTAs of this launch wrote them), then o'[g, d] .
 // R_V^T by (row slice, column quad) threads, the row slices summed in a fixed order. Scratch aliases the CTA's shared
 // memory.
+// Merge CTAs per pair that split the un-rotation's columns where a grid has room for them (merge_cta_parts).
+template <int D>
+constexpr int merge_cta_parts_max() {
+  return D == 64 ? 2 : 4;  // 4 at d = 64 would leave a thread 2 rows of R_V^T, fewer than a float4 of merged values
+}
 template <int D>
 constexpr int merge_slices() {
   return 4 * kThreads / D;  // row slices of the un-rotation: 128 threads = slices x (D / 4) column quads
@@ -952,28 +957,33 @@ __device__ __forceinline__ void split_weights(float* weight, float* inv, int S, 
     if (lane == 0) inv[h] = sum > 0.f ? 1.f / sum : 0.f;
   }
 }
-// out [g, D] = merged [g, D] . M, M = R_V^T [D, D] (rot; null: out = merged): thread (slice, quad) takes rows
-// [slice * ROWS, +ROWS) of M and columns [4 quad, +4), in rounds of RU rows; the slices' sums go through scratch
-// [SLICES, g, D] and are added in a fixed order. The first round's rows come loaded (first, see merge_pair); the
-// others from tail (shared memory, [ROWS - RU][kThreads] float4, this thread's at threadIdx.x) or, without it, from M.
-template <int D>
+// out [g, D] = merged [g, D] . M, M = R_V^T [D, D] (rot; null: out = merged), or with PARTS > 1 its columns [part W,
+// +W), W = D / PARTS (a merge CTA per column part): thread (slice, quad) takes rows [slice * ROWS, +ROWS) of M and
+// columns [part W + 4 quad, +4), in rounds of RU rows; the slices' sums go through scratch [SLICES, g, W] and are added
+// in a fixed order. The first round's rows come loaded (first, see merge_pair); the others from tail (shared memory,
+// [ROWS - RU][kThreads] float4, this thread's at threadIdx.x) or, without it, from M.
+template <int D, int PARTS = 1>
 struct Unrotation {
-  static constexpr int SLICES = merge_slices<D>(), ROWS = D / SLICES, RU = ROWS < 16 ? ROWS : 16;
+  static constexpr int W = D / PARTS, QUADS = W / 4;  // columns of the part, and their quads
+  static constexpr int SLICES = kThreads / QUADS, ROWS = D / SLICES, RU = ROWS < 16 ? ROWS : 16;
   static constexpr int TAIL_BYTES = (ROWS - RU) * kThreads * 16;  // the rows after the first round
-  // This thread's rows [slice * ROWS + r0, +RU) of M, columns [4 quad, +4).
-  __device__ static void load(const float* rot, int r0, float4 (&r)[RU]) {
-    const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
-    const float4* rot4 = reinterpret_cast<const float4*>(rot) + (size_t)(slice * ROWS + r0) * (D / 4) + quad;
+  static_assert(PARTS * merge_slices<D>() == SLICES, "scratch [SLICES, g, W] is the same size for every PARTS");
+  static_assert(RU % 4 == 0, "a head's merged values are read as float4");
+  // This thread's rows [slice * ROWS + r0, +RU) of M, columns [part W + 4 quad, +4).
+  __device__ static void load(const float* rot, int r0, float4 (&r)[RU], int part) {
+    const int quad = threadIdx.x % QUADS, slice = threadIdx.x / QUADS;
+    const float4* rot4 =
+        reinterpret_cast<const float4*>(rot) + (size_t)(slice * ROWS + r0) * (D / 4) + (PARTS == 1 ? 0 : part * QUADS) + quad;
 #pragma unroll
     for (int u = 0; u < RU; ++u) r[u] = __ldg(rot4 + (size_t)u * (D / 4));
   }
   // A merge's reads of M at its start: the first round into registers, the rest into tail by cp.async (a group of its
   // own if `commit`, else the caller's next) or, without a tail, sent to L2.
-  __device__ static void load_start(const float* rot, float4 (&first)[RU], float4* tail, bool commit) {
-    load(rot, 0, first);
+  __device__ static void load_start(const float* rot, float4 (&first)[RU], float4* tail, bool commit, int part) {
+    load(rot, 0, first, part);
     if (tail) {
-      const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
-      const float* src = rot + (size_t)(slice * ROWS + RU) * D + 4 * quad;
+      const int quad = threadIdx.x % QUADS, slice = threadIdx.x / QUADS;
+      const float* src = rot + (size_t)(slice * ROWS + RU) * D + 4 * ((PARTS == 1 ? 0 : part * QUADS) + quad);
       const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(tail + threadIdx.x));
       for (int u = 0; u < ROWS - RU; ++u) cp_async16_if(dst + u * kThreads * 16, src + (size_t)u * D, true);
       if (commit) cp_async_commit();
@@ -983,16 +993,20 @@ struct Unrotation {
     }
   }
 };
-template <int D>
+template <int D, int PARTS = 1>
 __device__ __forceinline__ void unrotate(const float* merged, const float* rot, float* scratch, int g, float* out,
-                                         const float4 (&first)[Unrotation<D>::RU], const float4* tail) {
-  using U = Unrotation<D>;
-  constexpr int SLICES = U::SLICES, ROWS = U::ROWS, RU = U::RU;
+                                         const float4 (&first)[Unrotation<D, PARTS>::RU], const float4* tail,
+                                         int part = 0) {
+  using U = Unrotation<D, PARTS>;
+  constexpr int SLICES = U::SLICES, ROWS = U::ROWS, RU = U::RU, W = U::W;
   if (!rot) {
-    for (int i = threadIdx.x; i < g * D; i += kThreads) out[i] = merged[i];
+    for (int i = threadIdx.x; i < g * W; i += kThreads) {  // (PARTS = 1: i itself, the merges' code as before)
+      const int at = PARTS == 1 ? i : i / W * D + part * W + i % W;
+      out[at] = merged[at];
+    }
     return;
   }
-  const int quad = threadIdx.x % (D / 4), slice = threadIdx.x / (D / 4);
+  const int quad = threadIdx.x % U::QUADS, slice = threadIdx.x / U::QUADS;
   float4 acc[kGroup];
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -1021,19 +1035,19 @@ __device__ __forceinline__ void unrotate(const float* merged, const float* rot, 
 #pragma unroll
       for (int u = 0; u < RU; ++u) r[u] = tail[(r0 - RU + u) * kThreads + threadIdx.x];
     } else {
-      U::load(rot, r0, r);
+      U::load(rot, r0, r, part);
     }
     fma_rows(r0, r);
   }
 #pragma unroll
   for (int h = 0; h < kGroup; ++h)
-    if (h < g) reinterpret_cast<float4*>(scratch + (slice * g + h) * D)[quad] = acc[h];
+    if (h < g) reinterpret_cast<float4*>(scratch + (slice * g + h) * W)[quad] = acc[h];
   __syncthreads();
-  for (int i = threadIdx.x; i < g * D; i += kThreads) {
+  for (int i = threadIdx.x; i < g * W; i += kThreads) {
     float v = 0.f;
 #pragma unroll
-    for (int sl = 0; sl < SLICES; ++sl) v += scratch[sl * g * D + i];
-    out[i] = v;
+    for (int sl = 0; sl < SLICES; ++sl) v += scratch[sl * g * W + i];
+    out[PARTS == 1 ? i : i / W * D + part * W + i % W] = v;
   }
 }
 // Its reads in one round trip where shared memory allows: at its start the merge loads this thread's first round of
@@ -1060,7 +1074,7 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int pair, 
   const float* po = p.partial_out + (size_t)pair * stride * gd;   // [S, g, D]
   const float* rot = p.value_rotation_t ? p.value_rotation_t + kv * p.rotation_kv_head_stride : nullptr;
   float4 first[U::RU];
-  if (rot) U::load_start(rot, first, tail, false);  // committed with the first partials
+  if (rot) U::load_start(rot, first, tail, false, 0);  // committed with the first partials
   const uint32_t buf_smem = static_cast<uint32_t>(__cvta_generic_to_shared(buf));
   auto load_splits = [&](int s0) {  // partials of splits [s0, s0 + C) into buf (read through L2)
     const int n = min(C, S - s0) * gd / 4;
@@ -1107,10 +1121,11 @@ __device__ void merge_pair(const PagedDecodeParams& p, uint8_t* smem, int pair, 
 // A merge CTA of a work-list grid (merge_flags): R_V^T's rows loaded as merge_pair loads them, then the pair's partials
 // folded in slot order as they are written: warp 0 reads the flags of the next slots (acquire), the ready run of them
 // (up to C) comes in by cp.async with its lse2, and each thread updates the running max, sum and weighted output of
-// its items slot by slot, so the result does not depend on how the slots arrived. Then the un-rotation.
-template <int D>
-__device__ void merge_flagged(const PagedDecodeParams& p, uint8_t* smem, int pair, int S) {
-  using U = Unrotation<D>;
+// its items slot by slot, so the result does not depend on how the slots arrived. Then the un-rotation, of the output
+// columns of part `part` of PARTS (each of a pair's PARTS merge CTAs folds every partial).
+template <int D, int PARTS>
+__device__ void merge_flagged(const PagedDecodeParams& p, uint8_t* smem, int pair, int S, int part) {
+  using U = Unrotation<D, PARTS>;
   constexpr int MAX_ITEMS = kGroup * D / 4 / kThreads;
   const int g = p.group, stride = p.int2_splits + p.bf16_splits, gd = g * D;
   const int kv = pair % p.num_kv_heads;
@@ -1129,7 +1144,7 @@ __device__ void merge_flagged(const PagedDecodeParams& p, uint8_t* smem, int pai
   const unsigned* flags = p.merge_flags + (size_t)pair * stride;
   const float* rot = p.value_rotation_t ? p.value_rotation_t + kv * p.rotation_kv_head_stride : nullptr;
   float4 first[U::RU];
-  if (rot) U::load_start(rot, first, tail, true);
+  if (rot) U::load_start(rot, first, tail, true, part);
   const int n4 = gd / 4;
   float4 acc[MAX_ITEMS];
   float m[MAX_ITEMS], l[MAX_ITEMS];
@@ -1189,7 +1204,7 @@ __device__ void merge_flagged(const PagedDecodeParams& p, uint8_t* smem, int pai
   }
   if (tail) cp_async_wait<0>();
   __syncthreads();
-  unrotate<D>(merged, rot, buf, g, p.out + (size_t)pair * g * D, first, tail);
+  unrotate<D, PARTS>(merged, rot, buf, g, p.out + (size_t)pair * g * D, first, tail, part);
 }
 
 // ---------------------------------------------------------------- parallel merge
@@ -1337,12 +1352,13 @@ enum class Int2Pages { none, small, paired };
 // STREAMS: two softmax streams in the INT2 warps (g <= 4, not with PARALLEL).
 // WORK (not with PARALLEL or TABLE): the CTAs take their shares from p.work, a kernel of its own so that the grids
 // without a work list keep their code (in one kernel, ragged 64 / 8K and 32 / 8K ran 1.9-2.4 % slower).
-// MERGE_CTAS (with WORK, p.merge_flags): a CTA flags its partial and exits; the grid's last p.work_merge_ctas CTAs
-// merge (merge_flagged). Its own kernels, so that the others keep their code (when added, the other 72 kernels' SASS
-// was unchanged).
-template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK, bool MERGE_CTAS = false>
+// MERGE_PARTS > 0 (with WORK, p.merge_flags): a CTA flags its partial and exits; the grid's last p.work_merge_ctas CTAs
+// merge (merge_flagged), MERGE_PARTS per pair (p.merge_cta_parts). Kernels of their own, so that the others keep their
+// code (when added, the other 72 kernels' SASS was unchanged), one per MERGE_PARTS (with both merges in one kernel,
+// ptxas spilled in its INT2 loop: two loads from the stack per step at d = 128).
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK, int MERGE_PARTS = 0>
 __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_decode_kernel(const PagedDecodeParams p) {
-  constexpr bool HAS_INT2 = PAGES != Int2Pages::none;
+  constexpr bool HAS_INT2 = PAGES != Int2Pages::none, MERGE_CTAS = MERGE_PARTS > 0;
   // 128-byte aligned: with the static is_last below, a 16-byte alignment put the dynamic base 16 bytes past a
   // 32-byte boundary, and then every lane's 16-byte cp.async into the rings reached L2 as a sector request of its
   // own, twice the requests of the data (ncu; H200: the INT2 decode 5-7 % slower on calls of >= 1 GB).
@@ -1359,9 +1375,9 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     }
   }
   if constexpr (MERGE_CTAS) {
-    if ((int)blockIdx.x >= p.work_ctas) {  // merge CTAs after the work
+    if ((int)blockIdx.x >= p.work_ctas) {  // merge CTAs after the work: entry (pair, part | count << 16)
       const int4 w = __ldg(reinterpret_cast<const int4*>(p.work) + blockIdx.x);
-      merge_flagged<D>(p, smem, w.x, (unsigned)w.y >> 16);
+      merge_flagged<D, MERGE_PARTS>(p, smem, w.x, (unsigned)w.y >> 16, w.y & 0xffff);
       return;
     }
   }
@@ -1513,23 +1529,27 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
 }
 
-template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK, bool MERGE_CTAS = false>
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK, int MERGE_PARTS = 0>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   static const bool configured = [] {
-    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, WORK, MERGE_CTAS>,
+    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, WORK, MERGE_PARTS>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
     return true;
   }();
   (void)configured;
   const int pairs = p.batch * p.num_kv_heads;
-  const unsigned ctas = WORK ? (unsigned)(p.work_ctas + (MERGE_CTAS ? p.work_merge_ctas : 0))
+  const unsigned ctas = WORK ? (unsigned)(p.work_ctas + (MERGE_PARTS > 0 ? p.work_merge_ctas : 0))
                              : (unsigned)(pairs * (p.splits_total() + p.merge_parts));
-  paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, WORK, MERGE_CTAS><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
+  paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, WORK, MERGE_PARTS><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
 }
 template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   if constexpr (!PARALLEL && !TABLE && PAGES != Int2Pages::none) {
-    if (p.work && p.merge_flags) return launch_kernel<D, PAGES, false, false, M16, STREAMS, true, true>(p, stream);
+    if (p.work && p.merge_flags) {
+      constexpr int PARTS = merge_cta_parts_max<D>();
+      if (p.merge_cta_parts == PARTS) return launch_kernel<D, PAGES, false, false, M16, STREAMS, true, PARTS>(p, stream);
+      return launch_kernel<D, PAGES, false, false, M16, STREAMS, true, 1>(p, stream);
+    }
   }
   if constexpr (!PARALLEL && !TABLE) {
     if (p.work) return launch_kernel<D, PAGES, false, false, M16, STREAMS, true>(p, stream);
@@ -1607,6 +1627,10 @@ bool parallel_merge_fits(int splits_total, int head_dim) {
   return need <= have;
 }
 
+int merge_cta_parts(int head_dim) {
+  return head_dim == 64 ? merge_cta_parts_max<64>() : head_dim == 128 ? merge_cta_parts_max<128>() : merge_cta_parts_max<256>();
+}
+
 int paged_decode_ctas_per_sm(int head_dim) {
   static const int n64 = occupancy<64>(), n128 = occupancy<128>(), n256 = occupancy<256>();
   return head_dim == 64 ? n64 : head_dim == 128 ? n128 : n256;
@@ -1666,6 +1690,12 @@ void check_paged_decode(const PagedDecodeParams& p) {
     require(p.work && p.merge_counters && p.int2_splits > 0 && p.work_merge_ctas >= 1 && p.merge_epoch != 0,
             "merge CTAs need a work list with the merge in the grid, an INT2 tier, 1 or more of them and an epoch "
             "other than 0");
+  if (p.merge_flags) {
+    const int parts = merge_cta_parts(p.head_dim);
+    require(p.merge_cta_parts == 1 || p.merge_cta_parts == parts,
+            "merge_cta_parts must be 1 or merge_cta_parts(d) = " + std::to_string(parts));
+    require(p.work_merge_ctas % p.merge_cta_parts == 0, "work_merge_ctas must be a multiple of merge_cta_parts");
+  }
 }
 
 void launch_paged_decode(const PagedDecodeParams& p, cudaStream_t stream) {

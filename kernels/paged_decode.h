@@ -25,7 +25,8 @@ constexpr int kDecodeMaxTableSplits = 64;  // INT2 splits of a split table
 constexpr int kInt2StreamsMinChunk = 2048;
 
 // One CTA's share of a work list (PagedDecodeParams::work): tokens [begin, end) of one tier of pair b * Hkv + kv,
-// written to partial slot `slot` of the pair's `count`; end is already clamped to the tier's length.
+// written to partial slot `slot` of the pair's `count`; end is already clamped to the tier's length. A merge CTA's
+// entry: the pair, its `count` partials, and its column part `slot` (of PagedDecodeParams::merge_cta_parts).
 struct alignas(16) DecodeWork {
   int32_t pair = 0;
   uint16_t slot = 0, count = 0;
@@ -101,9 +102,13 @@ struct PagedDecodeParams {
   // R_V^T, then folds the partials in slot order as their flags show the epoch, and un-rotates. merge_flags must not
   // hold merge_epoch before the call (the caller counts the epoch up from 1 over flags zeroed once). The merge CTAs
   // spin, so the caller keeps them fewer than the CTAs resident at once (the work they wait for then has a slot).
+  // merge_cta_parts merge CTAs per pair (1 or merge_cta_parts(d), work_merge_ctas = pairs x that): each folds all of
+  // the pair's partials and un-rotates its share of the output columns (the un-rotation ends the launch, and then runs
+  // on that many multiprocessors).
   unsigned* merge_flags = nullptr;
   unsigned merge_epoch = 0;
   int work_merge_ctas = 0;
+  int merge_cta_parts = 1;
 };
 
 // Grid: one CTA per (split, KV head, sequence) or per work-list entry, INT2 CTAs first. CTAs of the INT2 path
@@ -113,6 +118,9 @@ int paged_decode_ctas_per_sm(int head_dim);
 // 512 / d row slices of g * d for the un-rotation) fits.
 bool fused_merge_fits(int splits_total, int group, int head_dim);
 
+// Merge CTAs per (sequence, KV head) of a work list's merge CTAs where the grid has room for more than one: each
+// un-rotates d / merge_cta_parts(d) of the output columns.
+int merge_cta_parts(int head_dim);
 // Merge CTAs per (sequence, KV head) of the parallel merge: g query heads x (d / columns per CTA).
 int parallel_merge_parts(int group, int head_dim);
 // Whether a parallel merge CTA's shared memory (a column block of R_V^T, splits_total weights) fits.

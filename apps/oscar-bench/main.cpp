@@ -214,14 +214,17 @@ int bench_main(int argc, char** argv) {
   // int2_splits / bf16_splits / split_plan: the decode's split plan (split_plan: parallel-merge, table = a split
   // table of falling or equal sizes, equal = equal chunks, pieces = each sequence of a ragged batch in pieces of its
   // own (int2_splits is then the most pieces of any sequence); merged by each pair's last CTA, or with the suffix
-  // +merge-ctas (grids of one to two waves) by a merge CTA per pair at the end of the grid).
+  // +merge-ctas (grids of one to two waves) by a merge CTA per pair at the end of the grid, +merge-ctas-xN by N per
+  // pair, each un-rotating 1/N of the output columns).
   table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "launches", "int2_splits", "bf16_splits",
                   "split_plan", "mbytes", "time_us", "noise_pct", "sm_mhz", "tbps", "pct_peak", "floor_us", "pct_floor",
                   "speedup_vs_bf16", "gpu"};
   const auto split_plan = [](const PagedCacheGeometry& g, const CudaDecodePlan& plan) {
     const bool parallel = runs_parallel_merge(g, plan);
     if (parallel) return std::string("parallel-merge");
-    const std::string merge = plan.merge_ctas ? "+merge-ctas" : "";
+    const std::string merge = !plan.merge_ctas            ? ""
+                              : plan.merge_cta_parts == 1 ? "+merge-ctas"
+                                                          : fmt::format("+merge-ctas-x{}", plan.merge_cta_parts);
     if (!plan.int2_pieces.empty()) return "pieces" + merge;
     return (runs_split_table(plan, parallel) ? "table" : "equal") + merge;
   };

@@ -504,6 +504,12 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
                                ? pairs * plan.splits_total()
                                : static_cast<long>(plan.int2_pieces.size()) * g.num_kv_heads + pairs * plan.bf16_splits;
     plan.merge_ctas = work_ctas > slots && work_ctas <= 2 * slots;
+    // Where the grid has room, merge_cta_parts(d) merge CTAs per pair, each un-rotating a share of the columns: the
+    // last merge's un-rotation ends the launch (1.0-1.4 us of ~6 us after the last piece at ragged 8 / 100K, traced),
+    // and then runs on that many multiprocessors. H200, same call: ragged 8 / 8K 24.3 -> 22.8 us, 8 / 32K 44.6 ->
+    // 42.2, 8 / 100K 99.3 -> 97.6, 8 / 128K 119.6 -> 118.5; uniform batch 8 within -0.6 to +0.8 %.
+    const int parts = kernels::merge_cta_parts(g.head_dim);
+    if (plan.merge_ctas && pairs * parts < resident) plan.merge_cta_parts = parts;
   }
   plan.int2_streams = plan.int2_chunk >= kernels::kInt2StreamsMinChunk;
   return plan;
@@ -540,12 +546,12 @@ bool runs_split_table(const CudaDecodePlan& plan, bool parallel_merge) {
 
 namespace {
 // The grid of INT2 pieces (the plan's or its splits as pieces): a CTA per piece and KV head in the pieces' order, then
-// the BF16 CTAs by sequence (in the order of their first pieces), KV head and split, then with merge_ctas a merge CTA
-// per pair in that order. A pair's partial slots: its pieces in grid order, then its BF16 splits. Throws unless each
+// the BF16 CTAs by sequence (in the order of their first pieces), KV head and split, then merge_parts merge CTAs per
+// pair in that order (none: merged by the last CTA). A pair's partial slots: its pieces in grid order, then its BF16 splits. Throws unless each
 // sequence's pieces tile its INT2 tokens from 0 in whole quanta within the plan's int2_splits x int2_chunk, and every
 // pair gets a partial.
 std::vector<kernels::DecodeWork> work_list(const DevicePagedCache& cache, const CudaDecodePlan& plan,
-                                           const std::vector<CudaDecodePlan::Int2Piece>& pieces, bool merge_ctas) {
+                                           const std::vector<CudaDecodePlan::Int2Piece>& pieces, int merge_parts) {
   const auto& g = cache.geometry;
   OSCAR_CHECK(cache.host_int2_lengths.size() == static_cast<size_t>(g.batch) &&
                   cache.host_bf16_lengths.size() == static_cast<size_t>(g.batch),
@@ -596,11 +602,11 @@ std::vector<kernels::DecodeWork> work_list(const DevicePagedCache& cache, const 
       for (int k = 0; k < plan.bf16_splits; ++k)
         add(b, kv, static_cast<long>(k) * plan.bf16_chunk,
             std::min<long>(cache.host_bf16_lengths[b], static_cast<long>(k + 1) * plan.bf16_chunk));
-  if (merge_ctas)  // a merge CTA per pair, in the order of the sequences' first pieces
-    for (int32_t b : order)
-      for (int kv = 0; kv < g.num_kv_heads; ++kv) {
+  for (int32_t b : order)  // the merge CTAs, in the order of the sequences' first pieces
+    for (int kv = 0; kv < g.num_kv_heads; ++kv)
+      for (int part = 0; part < merge_parts; ++part) {
         kernels::DecodeWork w;
-        w.pair = b * g.num_kv_heads + kv, w.slot = 0, w.count = static_cast<uint16_t>(count[b]);
+        w.pair = b * g.num_kv_heads + kv, w.slot = static_cast<uint16_t>(part), w.count = static_cast<uint16_t>(count[b]);
         work.push_back(w);
       }
   return work;
@@ -624,6 +630,12 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   // Merge CTAs (the plan's choice) run the grid as a work list: the plan's pieces or its splits as pieces.
   const long resident = static_cast<long>(cuda_multiprocessor_count()) * kernels::paged_decode_ctas_per_sm(g.head_dim);
   const bool merge_ctas = plan.merge_ctas && merge_ctas_possible(cache, plan, parallel, resident);
+  OSCAR_CHECK(plan.merge_cta_parts == 1 || plan.merge_cta_parts == kernels::merge_cta_parts(g.head_dim),
+              "cuda decode: {} merge CTAs per pair (1 or {} at d = {})", plan.merge_cta_parts,
+              kernels::merge_cta_parts(g.head_dim), g.head_dim);
+  // As many merge CTAs as resident CTAs could leave their pairs' work no slot: then one per pair.
+  const int merge_cta_parts =
+      !merge_ctas ? 0 : (static_cast<long>(pairs) * plan.merge_cta_parts < resident ? plan.merge_cta_parts : 1);
   const bool table = !merge_ctas && runs_split_table(plan, parallel);
   // A plan made by hand must cover every token: the kernel reads only its splits' ranges.
   const long int2_cover = table ? plan.int2_split_start.back() : static_cast<long>(plan.int2_splits) * plan.int2_chunk;
@@ -658,21 +670,21 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
         plan.int2_pieces.empty() ? pieces_of_splits(cache, plan) : std::vector<CudaDecodePlan::Int2Piece>{};
     const auto& pieces = plan.int2_pieces.empty() ? split_pieces : plan.int2_pieces;
     const WorkInputs& in = work_inputs_;
-    const bool same = work_ctas_ > 0 && in.merge_ctas == merge_ctas && in.pieces == pieces &&
+    const bool same = work_ctas_ > 0 && in.merge_parts == merge_cta_parts && in.pieces == pieces &&
                       in.int2_lengths == cache.host_int2_lengths &&
                       in.bf16_lengths == cache.host_bf16_lengths && in.num_kv_heads == g.num_kv_heads &&
                       in.int2_splits == plan.int2_splits && in.int2_chunk == plan.int2_chunk &&
                       in.bf16_splits == plan.bf16_splits && in.bf16_chunk == plan.bf16_chunk;
     if (!same) {
-      const std::vector<kernels::DecodeWork> work = work_list(cache, plan, pieces, merge_ctas);
+      const std::vector<kernels::DecodeWork> work = work_list(cache, plan, pieces, merge_cta_parts);
       work_.upload(work);
       work_ctas_ = static_cast<int>(work.size());
       work_inputs_ = {pieces,           cache.host_int2_lengths, cache.host_bf16_lengths, g.num_kv_heads,
                       plan.int2_splits, plan.int2_chunk,         plan.bf16_splits,        plan.bf16_chunk,
-                      merge_ctas};
+                      merge_cta_parts};
     }
     p.work = work_.get();
-    p.work_ctas = static_cast<int>(work_ctas_ - (merge_ctas ? pairs : 0));
+    p.work_ctas = static_cast<int>(work_ctas_ - pairs * merge_cta_parts);
     p.work_int2_ctas = static_cast<int>(p.work_ctas - pairs * plan.bf16_splits);
     if (merge_ctas) {
       const size_t n = pairs * plan.splits_total();
@@ -687,7 +699,8 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
       }
       p.merge_flags = flags_.get();
       p.merge_epoch = epoch_;
-      p.work_merge_ctas = static_cast<int>(pairs);
+      p.work_merge_ctas = static_cast<int>(pairs * merge_cta_parts);
+      p.merge_cta_parts = merge_cta_parts;
     }
   }
   p.int2_splits = plan.int2_splits;

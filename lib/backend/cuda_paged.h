@@ -116,6 +116,10 @@ struct CudaDecodePlan {
   // host). The decoder then runs the grid as a work list: the pieces, or without them the splits as pieces (a split
   // table's split-major, else each sequence's equal chunks). A plan that cannot have them is merged by its last CTAs.
   bool merge_ctas = false;
+  // With merge_ctas: merge CTAs per pair, 1 or kernels::merge_cta_parts(d), each un-rotating that share of the output
+  // columns: the planner's choice where pairs x merge_cta_parts(d) is below the CTAs resident at once (else the decoder
+  // takes 1).
+  int merge_cta_parts = 1;
   int splits_total() const { return int2_splits + bf16_splits; }
 };
 CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int ctas_per_sm = 0);
@@ -146,7 +150,7 @@ class CudaPagedDecoder {
     std::vector<CudaDecodePlan::Int2Piece> pieces;
     std::vector<int32_t> int2_lengths, bf16_lengths;
     int num_kv_heads = 0, int2_splits = 0, int2_chunk = 0, bf16_splits = 0, bf16_chunk = 0;
-    bool merge_ctas = false;  // the list ends with a merge CTA per pair
+    int merge_parts = 0;  // the list ends with this many merge CTAs per pair
   };
   DeviceBuffer<kernels::DecodeWork> work_;
   WorkInputs work_inputs_;

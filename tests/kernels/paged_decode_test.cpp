@@ -50,8 +50,9 @@ struct DecodeCase {
   // >= kInt2StreamsMinChunk tokens), except with a forced chunk or split table, which test the loop's boundaries
   // and take the streams.
   int streams = -1;
-  // Grids merged in the grid: 0 / 1 the last-CTA merge / a merge CTA per pair forced; -1 the planner's choice.
+  // Grids merged in the grid: 0 / 1 the last-CTA merge / merge CTAs forced; -1 the planner's choice.
   int merge_ctas = -1;
+  int merge_cta_parts = 0;  // > 0: merge CTAs per pair forced (1 or merge_cta_parts(d)); 0 the planner's choice
 };
 
 HostPagedCache random_cache(const DecodeCase& c, uint64_t seed) {
@@ -155,6 +156,7 @@ std::vector<float> run_case(const DecodeCase& c, CudaPagedDecoder* shared = null
         << c.label << ": " << plan.int2_splits << " + " << plan.bf16_splits << " splits, no parallel merge";
   plan.parallel_merge = c.parallel_merge;
   if (c.merge_ctas >= 0) plan.merge_ctas = c.merge_ctas == 1;
+  if (c.merge_cta_parts > 0) plan.merge_cta_parts = c.merge_cta_parts;
   const bool fused = kernels::fused_merge_fits(plan.splits_total(), g.group, d);
   ::testing::Test::RecordProperty("fused_merge", fused ? "yes" : "no");
   decoder.run(dev, plan, dq.get(), static_cast<float>(scale), c.rotate ? drot.get() : nullptr, dout.get());
@@ -349,10 +351,14 @@ TEST(PagedDecode, GridsOfOneToTwoWavesAreMergedByMergeCtas) {
     c.max_bf16_length = 320;
     return c;
   };
-  EXPECT_TRUE(plan_cuda_decode(cache(64, 8192, true), 132, 4).merge_ctas) << "ragged 64 / 8K";
+  const CudaDecodePlan ragged64 = plan_cuda_decode(cache(64, 8192, true), 132, 4);
+  EXPECT_TRUE(ragged64.merge_ctas) << "ragged 64 / 8K";
+  // 512 pairs: four merge CTAs each would be more than the 528 resident CTAs.
+  EXPECT_EQ(ragged64.merge_cta_parts, 1) << "ragged 64 / 8K";
   EXPECT_TRUE(plan_cuda_decode(cache(64, 8192, false), 132, 4).merge_ctas) << "uniform 64 / 8K";
   const CudaDecodePlan pieces = plan_cuda_decode(cache(8, 102400, true), 132, 4);
   EXPECT_TRUE(pieces.merge_ctas && !pieces.int2_pieces.empty()) << "ragged 8 / 100K";
+  EXPECT_EQ(pieces.merge_cta_parts, kernels::merge_cta_parts(128)) << "ragged 8 / 100K: 64 pairs";
   EXPECT_FALSE(plan_cuda_decode(cache(4, 8192, false), 132, 4).merge_ctas) << "uniform 4 / 8K: a small grid";
   EXPECT_FALSE(plan_cuda_decode(cache(64, 102400, false), 132, 4).merge_ctas) << "uniform 64 / 100K: many waves";
   EXPECT_FALSE(plan_cuda_decode(cache(1, 102400, false), 132, 4).merge_ctas) << "batch 1 / 100K: the parallel merge";
@@ -388,21 +394,26 @@ TEST(PagedDecode, Int2PiecesInAnyOrder) {
   // INT2 tokens (no INT2 piece, its BF16 partial only) and one whose pieces are 1 quantum, pages of 16 and 64; and a
   // batch without a BF16 tier, whose INT2-less sequence keeps one empty INT2 piece (an empty partial for the merge CTA
   // to skip). Every output must land in its own sequence's rows.
-  for (int merge_ctas : {0, 1}) {
-    const std::string merge = merge_ctas ? ", merge CTAs" : ", last-CTA merge";
+  // (Merge CTAs: one per pair, then merge_cta_parts(d) per pair, each un-rotating its share of the columns.)
+  for (int parts : {0, 1, -1}) {
+    auto merged_by = [&](DecodeCase& c) {
+      c.parallel_merge = false, c.merge_ctas = parts != 0;
+      c.merge_cta_parts = parts < 0 ? kernels::merge_cta_parts(c.dim) : parts;
+      c.label += parts == 0 ? ", last-CTA merge" : ", " + std::to_string(c.merge_cta_parts) + " merge CTAs per pair";
+    };
     for (int page : {16, 64}) {
       DecodeCase c{128, 4, 4, {9000, 4100, 4100, 1000, 129, 0}, {320, 7, 64, 0, 33, 5}, page, 64, 4, true,
-                   "INT2 pieces, longest first, page " + std::to_string(page) + merge};
-      c.parallel_merge = false, c.merge_ctas = merge_ctas;
+                   "INT2 pieces, longest first, page " + std::to_string(page)};
+      merged_by(c);
       c.sequence_chunks = {{0, 2304}, {1, 1024}, {2, 4224}, {3, 128}, {4, 256}, {5, 128}};
       run_case(c);
     }
-    DecodeCase g8{64, 8, 2, {7000, 3000, 64}, {320, 320, 320}, 64, 64, 4, true, "INT2 pieces, d=64 g=8" + merge};
-    g8.parallel_merge = false, g8.merge_ctas = merge_ctas;
+    DecodeCase g8{64, 8, 2, {7000, 3000, 64}, {320, 320, 320}, 64, 64, 4, true, "INT2 pieces, d=64 g=8"};
+    merged_by(g8);
     g8.sequence_chunks = {{2, 128}, {0, 1792}, {1, 3072}};
     run_case(g8);
-    DecodeCase none{128, 4, 2, {5000, 0, 700}, {0, 0, 0}, 64, 64, 4, true, "INT2 pieces, no BF16 tier" + merge};
-    none.parallel_merge = false, none.merge_ctas = merge_ctas;
+    DecodeCase none{128, 4, 2, {5000, 0, 700}, {0, 0, 0}, 64, 64, 4, true, "INT2 pieces, no BF16 tier"};
+    merged_by(none);
     none.sequence_chunks = {{1, 128}, {2, 384}, {0, 1280}};
     run_case(none);
   }
@@ -412,11 +423,13 @@ TEST(PagedDecode, LongBf16SplitsInWorkLists) {
   // Long BF16 splits in work-list grids: splits of 4608 tokens give each warp 35-36 blocks of 32 tokens over many
   // pages, beside a short BF16 tier, a sequence of BF16 tokens only and a last block of 4 tokens; both merges, d = 64 /
   // 128 / 256. (The other work-list cases have BF16 tiers of at most 320 tokens, 3 blocks per warp.)
-  for (int merge_ctas : {0, 1})
+  for (int parts : {0, 1, -1})  // the last-CTA merge, one merge CTA per pair, merge_cta_parts(d) per pair
     for (int d : {64, 128, 256}) {
       DecodeCase c{d, 4, 2, {3000, 500, 0}, {4500, 700, 4420}, 64, 64, 4, true,
-                   "long BF16 splits, d=" + std::to_string(d) + (merge_ctas ? ", merge CTAs" : ", last-CTA merge")};
-      c.parallel_merge = false, c.merge_ctas = merge_ctas;
+                   "long BF16 splits, d=" + std::to_string(d) + (parts ? ", merge CTAs" : ", last-CTA merge")};
+      c.parallel_merge = false, c.merge_ctas = parts != 0;
+      c.merge_cta_parts = parts < 0 ? kernels::merge_cta_parts(d) : parts;
+      if (parts < 0) c.label += " x" + std::to_string(c.merge_cta_parts);
       c.sequence_chunks = {{0, 1024}, {1, 512}, {2, 128}};
       c.force_bf16_chunk = 4608;
       run_case(c);
@@ -444,6 +457,12 @@ TEST(PagedDecode, MergeCtasOverSplitsAsPieces) {
   mha.force_int2_chunk = 512;
   mha.parallel_merge = false, mha.merge_ctas = 1;
   run_case(mha);
+  // The same with merge_cta_parts(d) merge CTAs per pair, each un-rotating (or, without R_V^T, copying) its columns.
+  for (DecodeCase* c : {&table, &many, &wide, &mha}) {
+    c->merge_cta_parts = kernels::merge_cta_parts(c->dim);
+    c->label += ", " + std::to_string(c->merge_cta_parts) + " per pair";
+    run_case(*c);
+  }
 }
 
 TEST(PagedDecode, SmallestSplitsAndRepeatedCalls) {
