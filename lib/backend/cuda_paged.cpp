@@ -547,9 +547,9 @@ bool runs_split_table(const CudaDecodePlan& plan, bool parallel_merge) {
 namespace {
 // The grid of INT2 pieces (the plan's or its splits as pieces): a CTA per piece and KV head in the pieces' order, then
 // the BF16 CTAs by sequence (in the order of their first pieces), KV head and split, then merge_parts merge CTAs per
-// pair in that order (none: merged by the last CTA). A pair's partial slots: its pieces in grid order, then its BF16 splits. Throws unless each
-// sequence's pieces tile its INT2 tokens from 0 in whole quanta within the plan's int2_splits x int2_chunk, and every
-// pair gets a partial.
+// pair in that order (none: merged by the last CTA). A pair's partial slots: its pieces in grid order, then its BF16
+// splits. Throws unless each sequence's pieces tile its INT2 tokens from 0 in whole quanta within the plan's
+// int2_splits x int2_chunk, and every pair gets a partial.
 std::vector<kernels::DecodeWork> work_list(const DevicePagedCache& cache, const CudaDecodePlan& plan,
                                            const std::vector<CudaDecodePlan::Int2Piece>& pieces, int merge_parts) {
   const auto& g = cache.geometry;

@@ -369,8 +369,8 @@ TEST(PagedDecode, GridsOfOneToTwoWavesAreMergedByMergeCtas) {
 
 TEST(PagedDecode, OneDecoderAcrossPlansAndLengths) {
   // One decoder for several calls whose work lists differ in one input each: the length of one sequence (the same
-  // pieces, which end past it, as the planner's balanced pieces do), the pieces, the KV heads. A stale work list would
-  // read the wrong tokens (or too few) and miss the reference.
+  // pieces, which end past it, as the planner's balanced pieces do), the pieces, the KV heads, the merge CTAs per
+  // pair. A stale work list would read the wrong tokens (or too few) and miss the reference, or leave outputs unwritten.
   CudaPagedDecoder decoder;
   DecodeCase a{128, 4, 4, {9000, 4100, 129}, {320, 7, 33}, 64, 64, 4, true, "pieces A"};
   a.parallel_merge = false;
@@ -386,7 +386,10 @@ TEST(PagedDecode, OneDecoderAcrossPlansAndLengths) {
   merged.merge_ctas = 1, merged.label = "pieces A, merge CTAs";
   DecodeCase merged_longer = longer;
   merged_longer.merge_ctas = 1, merged_longer.label = "pieces A, sequence 2 longer, merge CTAs";
-  for (const DecodeCase* c : {&a, &longer, &cut, &heads, &merged, &merged_longer, &a, &merged}) run_case(*c, &decoder);
+  DecodeCase merged4 = merged;  // the same pieces, merge_cta_parts(d) merge CTAs per pair: a list of its own
+  merged4.merge_cta_parts = kernels::merge_cta_parts(merged4.dim), merged4.label = "pieces A, 4 merge CTAs per pair";
+  for (const DecodeCase* c : {&a, &longer, &cut, &heads, &merged, &merged_longer, &a, &merged, &merged4, &merged})
+    run_case(*c, &decoder);
 }
 
 TEST(PagedDecode, Int2PiecesInAnyOrder) {
