@@ -504,12 +504,14 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
                                ? pairs * plan.splits_total()
                                : static_cast<long>(plan.int2_pieces.size()) * g.num_kv_heads + pairs * plan.bf16_splits;
     plan.merge_ctas = work_ctas > slots && work_ctas <= 2 * slots;
-    // Where the grid has room, merge_cta_parts(d) merge CTAs per pair, each un-rotating a share of the columns: the
-    // last merge's un-rotation ends the launch (1.0-1.4 us of ~6 us after the last piece at ragged 8 / 100K, traced),
-    // and then runs on that many multiprocessors. H200, same call: ragged 8 / 8K 24.3 -> 22.8 us, 8 / 32K 44.6 ->
-    // 42.2, 8 / 100K 99.3 -> 97.6, 8 / 128K 119.6 -> 118.5; uniform batch 8 within -0.6 to +0.8 %.
+    // Ragged batches whose merge CTAs would take at most half the resident slots get merge_cta_parts(d) per pair,
+    // each folding the pair's partials and un-rotating a share of the columns: the last merge's un-rotation ends the
+    // launch (1.0-1.4 us of ~6 us after the last piece at ragged 8 / 100K, traced), and then runs on that many
+    // multiprocessors. H200, one binary, 4 against 1 per pair: Qwen3-8B ragged 8 / 8K, 32K, 100K -6.9, -5.6, -2.9 %,
+    // Llama-3-70B's -6.5, -1.4, +2.0 %, Qwen2.5-7B's 8 / 32K -3.1 %. Uniform grids, whose merges all come at the end
+    // together, lost 0.2-2.4 %, and grids with merge CTAs on most slots (Qwen2.5-7B batch 32: 512) 0.6-2.6 %.
     const int parts = kernels::merge_cta_parts(g.head_dim);
-    if (plan.merge_ctas && pairs * parts < resident) plan.merge_cta_parts = parts;
+    if (plan.merge_ctas && ragged && 2 * pairs * parts <= resident) plan.merge_cta_parts = parts;
   }
   plan.int2_streams = plan.int2_chunk >= kernels::kInt2StreamsMinChunk;
   return plan;

@@ -117,8 +117,8 @@ struct CudaDecodePlan {
   // table's split-major, else each sequence's equal chunks). A plan that cannot have them is merged by its last CTAs.
   bool merge_ctas = false;
   // With merge_ctas: merge CTAs per pair, 1 or kernels::merge_cta_parts(d), each un-rotating that share of the output
-  // columns: the planner's choice where pairs x merge_cta_parts(d) is below the CTAs resident at once (else the decoder
-  // takes 1).
+  // columns: the planner's choice for ragged batches where pairs x merge_cta_parts(d) is at most half the CTAs resident
+  // at once (a plan with more than the resident CTAs runs with 1).
   int merge_cta_parts = 1;
   int splits_total() const { return int2_splits + bf16_splits; }
 };

@@ -359,6 +359,8 @@ TEST(PagedDecode, GridsOfOneToTwoWavesAreMergedByMergeCtas) {
   const CudaDecodePlan pieces = plan_cuda_decode(cache(8, 102400, true), 132, 4);
   EXPECT_TRUE(pieces.merge_ctas && !pieces.int2_pieces.empty()) << "ragged 8 / 100K";
   EXPECT_EQ(pieces.merge_cta_parts, kernels::merge_cta_parts(128)) << "ragged 8 / 100K: 64 pairs";
+  const CudaDecodePlan uniform8 = plan_cuda_decode(cache(8, 32768, false), 132, 4);
+  EXPECT_TRUE(uniform8.merge_ctas && uniform8.merge_cta_parts == 1) << "uniform 8 / 32K: its merges end together";
   EXPECT_FALSE(plan_cuda_decode(cache(4, 8192, false), 132, 4).merge_ctas) << "uniform 4 / 8K: a small grid";
   EXPECT_FALSE(plan_cuda_decode(cache(64, 102400, false), 132, 4).merge_ctas) << "uniform 64 / 100K: many waves";
   EXPECT_FALSE(plan_cuda_decode(cache(1, 102400, false), 132, 4).merge_ctas) << "batch 1 / 100K: the parallel merge";
