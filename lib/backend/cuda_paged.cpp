@@ -509,7 +509,7 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     // launch (1.0-1.4 us of ~6 us after the last piece at ragged 8 / 100K, traced), and then runs on that many
     // multiprocessors. H200, one binary, 4 against 1 per pair: Qwen3-8B ragged 8 / 8K, 32K, 100K -6.9, -5.6, -2.9 %,
     // Llama-3-70B's -6.5, -1.4, +2.0 %, Qwen2.5-7B's 8 / 32K -3.1 %. Uniform grids, whose merges all come at the end
-    // together, lost 0.2-2.4 %, and grids with merge CTAs on most slots (Qwen2.5-7B batch 32: 512) 0.6-2.6 %.
+    // together, moved -0.6 to +2.4 %, and grids with merge CTAs on most slots (Qwen2.5-7B batch 32: 512) +0.6-2.6 %.
     const int parts = kernels::merge_cta_parts(g.head_dim);
     if (plan.merge_ctas && ragged && 2 * pairs * parts <= resident) plan.merge_cta_parts = parts;
   }
