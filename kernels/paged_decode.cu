@@ -1463,38 +1463,40 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     pair = id[0], split = id[1], count = id[2], int2 = id[3] != 0;
   }
   // Combine the warps' states; write this split's partial. States per head: one per warp, and with two INT2
-  // streams a second per warp in slot h + 4. A thread per head turns its states' m into the weights
-  // exp2(m - max) / den and writes the split's LSE; then every output is one weighted sum.
+  // streams a second per warp in slot h + 4. Eight lanes per head (warps 0-1) turn its states' m into the weights
+  // exp2(m - max) / den by shuffles and write the split's LSE; then every output float4 is one weighted sum.
   const size_t part = (size_t)pair * S + split;
   float* out = p.partial_out + part * g * D;
   constexpr int NSTATE = STREAMS ? 2 * kDecodeWarps : kDecodeWarps;
+  static_assert(NSTATE <= 8 && kGroup * 8 <= kThreads, "eight lanes per head");
   const int nstate = int2 ? NSTATE : kDecodeWarps;
   // State w of head h: warp w % kDecodeWarps, slot h (w < kDecodeWarps) or h + 4 (the warp's second stream).
   auto slot = [](int w, int h) { return h + 4 * (w / kDecodeWarps); };
   auto state_m = [&](int w, int h) -> float& { return sh.m[w % kDecodeWarps][slot(w, h)]; };
-  if ((int)threadIdx.x < g) {
-    const int h = threadIdx.x;
-    float mx = -INFINITY, den = 0.f;
+  if ((int)threadIdx.x < kGroup * 8) {  // whole warps: the shuffles below take every lane
+    const int h = threadIdx.x / 8, w = threadIdx.x % 8;
+    const bool live = h < g && w < nstate;
+    const float m = live ? state_m(w, h) : -INFINITY;
+    float mx = m;
 #pragma unroll
-    for (int w = 0; w < NSTATE; ++w)
-      if (w < nstate) mx = fmaxf(mx, state_m(w, h));
+    for (int off = 1; off < 8; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    const float e = live && mx != -INFINITY ? exp2f(m - mx) : 0.f;
+    float den = live ? e * sh.l[w % kDecodeWarps][slot(w, h)] : 0.f;
 #pragma unroll
-    for (int w = 0; w < NSTATE; ++w)
-      if (w < nstate && mx != -INFINITY) den += exp2f(state_m(w, h) - mx) * sh.l[w % kDecodeWarps][slot(w, h)];
+    for (int off = 1; off < 8; off *= 2) den += __shfl_xor_sync(0xffffffffu, den, off);
     const float inv = den > 0.f ? 1.f / den : 0.f;
-#pragma unroll
-    for (int w = 0; w < NSTATE; ++w)
-      if (w < nstate) state_m(w, h) = inv > 0.f ? exp2f(state_m(w, h) - mx) * inv : 0.f;
-    p.partial_lse2[part * g + h] = den > 0.f ? mx + log2f(den) : -INFINITY;
+    if (live) state_m(w, h) = e * inv;
+    if (w == 0 && h < g) p.partial_lse2[part * g + h] = den > 0.f ? mx + log2f(den) : -INFINITY;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < g * D; i += blockDim.x) {
-    const int h = i / D, c = i % D;
-    float v = 0.f;
+  for (int i = threadIdx.x; i < g * D / 4; i += blockDim.x) {
+    const int h = 4 * i / D, c = 4 * i % D;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int w = 0; w < NSTATE; ++w)
-      if (w < nstate) v = fmaf(state_m(w, h), sh.o[w % kDecodeWarps][slot(w, h)][c], v);
-    out[i] = v;
+      if (w < nstate)
+        fma4(state_m(w, h), *reinterpret_cast<const float4*>(&sh.o[w % kDecodeWarps][slot(w, h)][c]), v);
+    *reinterpret_cast<float4*>(out + 4 * i) = v;
   }
   if (!p.merge_counters) return;
   if constexpr (MERGE_CTAS) {  // release: the barrier orders this CTA's writes before the fence and the flag
