@@ -774,7 +774,12 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
 // at k slots {2tq, 2tq + 1, 2tq + 8, 2tq + 9}, so a 16-byte load of a key row feeds two chunks.
 // P.V: lane (gid, tq) owns output channels [gid * D / 8, +D / 8); m-tile i rows gid / gid + 8 are its
 // channels 2i / 2i + 1, and the k slots are the tile's tokens in order.
-template <int D, bool PREFETCH_KEYS>
+// BALANCED (the kernels without an INT2 path: the BF16 decode, caches before their first demotion): warp w takes the
+// w-th quarter of the range's 16-token tiles, instead of blocks of two tiles dealt round the warps, which left a
+// 320-token range (10 blocks) three blocks on two warps and two on the others (H200: the BF16 decode 7-12 % faster).
+// The kernels with an INT2 path keep the blocks: there the balanced loop changed ptxas's code for the INT2 loop, and
+// ragged INT2 calls ran 2-3 % slower (8 / 100K 94.6 -> 96.7 us).
+template <int D, bool PREFETCH_KEYS, bool BALANCED>
 __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, int kv, int t_begin, int t_end) {
   constexpr int CHUNKS = D / 16, KV4 = D / 32, MT = D / 16, VW = D / 64;  // VW: uint4 per row per lane in P.V
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -812,90 +817,134 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
   for (int i = 0; i < MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads 2tq, 2tq + 1
 
-  for (int blk = t_begin + warp * 32; blk < t_end; blk += kDecodeWarps * 32) {
-    const int page = table[blk / P];
-    const size_t row0 = ((size_t)page * p.num_kv_heads + kv) * P + (blk % P);  // a block lies in one page
-    if (blk + lane < t_end) {
-      // The P.V part reads these value rows after the QK part: have them in L2 by then.
-      const char* vrow = reinterpret_cast<const char*>(p.bf16_values + (row0 + lane) * D);
+  // One 16-token tile (tokens [tile, tile + 16), rows from row0 in the pool) into the running state.
+  auto attend_tile = [&](size_t row0, int tile) {
+    // S [16 tokens x 8 heads]: rows gid, gid + 8. Rows past t_end read in-page memory, masked below.
+    float s[4] = {0.f, 0.f, 0.f, 0.f}, s_lo[4] = {0.f, 0.f, 0.f, 0.f};
+    {
+      const uint4* k0 = reinterpret_cast<const uint4*>(p.bf16_keys + (row0 + gid) * D) + tq;
+      const uint4* k1 = k0 + D / 8 * 8;  // row gid + 8
 #pragma unroll
-      for (int off = 0; off < D * 2; off += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vrow + off));
-      if constexpr (PREFETCH_KEYS) {
-        // Grids whose BF16 CTAs end the launch (parallel merge, split tables): tile 1 reads its key rows
-        // after tile 0's P.V; have them in L2 too (batch 1 / 1K: the BF16 CTAs end the launch, ~2.7 us after
-        // the INT2 CTAs; batch 8 / 32K 66.3 -> 65.3 us). At large batches this extra L2 traffic made the
-        // BF16-only decode 10 % slower (batch 32 / 32K 1128.5 -> 1237.7 us).
-        const char* krow = reinterpret_cast<const char*>(p.bf16_keys + (row0 + lane) * D);
-#pragma unroll
-        for (int off = 0; off < D * 2; off += 128)
-          if (lane >= 16) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(krow + off));
+      for (int c = 0; c < KV4; ++c) {
+        const uint4 ka = __ldg(k0 + 4 * c), kb = __ldg(k1 + 4 * c);
+        const uint2 h0 = qf[(4 * c + 0) * 32 + lane], l0 = qf[(4 * c + 1) * 32 + lane];
+        const uint2 h1 = qf[(4 * c + 2) * 32 + lane], l1 = qf[(4 * c + 3) * 32 + lane];
+        mma_bf16_16816(s, ka.x, kb.x, ka.y, kb.y, h0.x, h0.y);
+        mma_bf16_16816(s_lo, ka.x, kb.x, ka.y, kb.y, l0.x, l0.y);
+        mma_bf16_16816(s, ka.z, kb.z, ka.w, kb.w, h1.x, h1.y);
+        mma_bf16_16816(s_lo, ka.z, kb.z, ka.w, kb.w, l1.x, l1.y);
       }
     }
+    const bool valid0 = tile + gid < t_end, valid1 = tile + gid + 8 < t_end;
+    s[0] = valid0 ? s[0] + s_lo[0] : -INFINITY;
+    s[1] = valid0 ? s[1] + s_lo[1] : -INFINITY;
+    s[2] = valid1 ? s[2] + s_lo[2] : -INFINITY;
+    s[3] = valid1 ? s[3] + s_lo[3] : -INFINITY;
+    float bmax0 = fmaxf(s[0], s[2]), bmax1 = fmaxf(s[1], s[3]);
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      const int tile = blk + 16 * t;
-      if (tile >= t_end) break;
-      // S [16 tokens x 8 heads]: rows gid, gid + 8. Rows past t_end read in-page memory, masked below.
-      float s[4] = {0.f, 0.f, 0.f, 0.f}, s_lo[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int off = 4; off < 32; off *= 2) {
+      bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
+      bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
+    }
+    const float mn0 = fmaxf(m0, bmax0), mn1 = fmaxf(m1, bmax1);  // finite: the tile's row 0 is valid
+    const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
+    m0 = mn0, m1 = mn1;
+    l0 *= corr0, l1 *= corr1;
+#pragma unroll
+    for (int i = 0; i < MT; ++i) o[i][0] *= corr0, o[i][1] *= corr1, o[i][2] *= corr0, o[i][3] *= corr1;
+    const float p00 = valid0 ? exp2f(s[0] - m0) : 0.f, p01 = valid0 ? exp2f(s[1] - m1) : 0.f;
+    const float p10 = valid1 ? exp2f(s[2] - m0) : 0.f, p11 = valid1 ? exp2f(s[3] - m1) : 0.f;
+    l0 += p00 + p10, l1 += p01 + p11;
+    // B fragments of P^T (k = tokens, n = head gid) by transposing the (token, head pair) words.
+    uint32_t h0, lo0, h1, lo1;
+    split_bf16x2(p00, p01, h0, lo0);
+    split_bf16x2(p10, p11, h1, lo1);
+    const uint32_t pb0 = transpose_8x8_b16(h0), pb1 = transpose_8x8_b16(h1);
+    const uint32_t pl0 = transpose_8x8_b16(lo0), pl1 = transpose_8x8_b16(lo1);
+    // A fragments of V^T: tokens 2tq, 2tq + 1, 2tq + 8, 2tq + 9 of the tile, zero past t_end (the
+    // weight is 0 there, but in-page memory past the length may hold anything).
+#pragma unroll
+    for (int w = 0; w < VW; ++w) {  // 16 bytes of each of the four rows: m-tiles 4w .. 4w + 3
+      uint4 v[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int tr = 2 * tq + (r & 1) + 8 * (r >> 1);  // tokens 2tq, 2tq + 1, 2tq + 8, 2tq + 9
+        const uint4* vp = reinterpret_cast<const uint4*>(p.bf16_values + (row0 + tr) * D) + gid * VW + w;
+        v[r] = tile + tr < t_end ? __ldg(vp) : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t w0 = word(v[0], e), w1 = word(v[1], e), w2 = word(v[2], e), w3 = word(v[3], e);
+        const uint32_t a0 = __byte_perm(w0, w1, 0x5410), a1 = __byte_perm(w0, w1, 0x7632);
+        const uint32_t a2 = __byte_perm(w2, w3, 0x5410), a3 = __byte_perm(w2, w3, 0x7632);
+        mma_bf16_16816(o[4 * w + e], a0, a1, a2, a3, pb0, pb1);
+        mma_bf16_16816(o[4 * w + e], a0, a1, a2, a3, pl0, pl1);
+      }
+    }
+  };
+  if constexpr (BALANCED) {
+    // Warp w takes tiles [w n / 4, (w + 1) n / 4) of the range's n 16-token tiles (a tile lies in one page: pages and
+    // split starts are multiples of 32). Lane i holds the page of the warp's tile tile_lo + i, read 32 tiles at a time.
+    const int ntiles = (t_end - t_begin + 15) / 16;
+    const int tile_lo = warp * ntiles / kDecodeWarps, tile_hi = (warp + 1) * ntiles / kDecodeWarps;
+    constexpr int VLINES = D / 64;  // 128-byte lines per bf16 row
+    int page_lane = 0;
+    for (int i = tile_lo; i < tile_hi; ++i) {
+      if ((i - tile_lo) % 32 == 0) {
+        const int ti = i + lane;
+        page_lane = ti < tile_hi ? table[(t_begin + 16 * ti) / P] : 0;
+      }
+      const int tile = t_begin + 16 * i;
+      const int page = __shfl_sync(0xffffffffu, page_lane, (i - tile_lo) % 32);
+      const size_t row0 = ((size_t)page * p.num_kv_heads + kv) * P + (tile % P);
       {
-        const uint4* k0 = reinterpret_cast<const uint4*>(p.bf16_keys + (row0 + 16 * t + gid) * D) + tq;
-        const uint4* k1 = k0 + D / 8 * 8;  // row gid + 8
+        // The P.V part reads this tile's value rows after the QK part: have them in L2 by then.
+        const char* vrows = reinterpret_cast<const char*>(p.bf16_values + row0 * D);
 #pragma unroll
-        for (int c = 0; c < KV4; ++c) {
-          const uint4 ka = __ldg(k0 + 4 * c), kb = __ldg(k1 + 4 * c);
-          const uint2 h0 = qf[(4 * c + 0) * 32 + lane], l0 = qf[(4 * c + 1) * 32 + lane];
-          const uint2 h1 = qf[(4 * c + 2) * 32 + lane], l1 = qf[(4 * c + 3) * 32 + lane];
-          mma_bf16_16816(s, ka.x, kb.x, ka.y, kb.y, h0.x, h0.y);
-          mma_bf16_16816(s_lo, ka.x, kb.x, ka.y, kb.y, l0.x, l0.y);
-          mma_bf16_16816(s, ka.z, kb.z, ka.w, kb.w, h1.x, h1.y);
-          mma_bf16_16816(s_lo, ka.z, kb.z, ka.w, kb.w, l1.x, l1.y);
+        for (int x = lane; x < 16 * VLINES; x += 32)
+          if (tile + x / VLINES < t_end) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vrows + x * 128));
+        if constexpr (PREFETCH_KEYS) {
+          // Grids whose BF16 CTAs end the launch (parallel merge, split tables): the next tile's key rows too (batch 1 /
+          // 1K: the BF16 CTAs end the launch, ~2.7 us after the INT2 CTAs; batch 8 / 32K 66.3 -> 65.3 us). At large
+          // batches this extra L2 traffic made the BF16-only decode 10 % slower (batch 32 / 32K 1128.5 -> 1237.7 us).
+          const int next = (i - tile_lo) % 32 + 1;
+          const int next_page = __shfl_sync(0xffffffffu, page_lane, next % 32);
+          if (i + 1 < tile_hi && next < 32) {
+            const char* krows = reinterpret_cast<const char*>(
+                p.bf16_keys + (((size_t)next_page * p.num_kv_heads + kv) * P + ((tile + 16) % P)) * D);
+#pragma unroll
+            for (int x = lane; x < 16 * VLINES; x += 32)
+              if (tile + 16 + x / VLINES < t_end) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(krows + x * 128));
+          }
         }
       }
-      const bool valid0 = tile + gid < t_end, valid1 = tile + gid + 8 < t_end;
-      s[0] = valid0 ? s[0] + s_lo[0] : -INFINITY;
-      s[1] = valid0 ? s[1] + s_lo[1] : -INFINITY;
-      s[2] = valid1 ? s[2] + s_lo[2] : -INFINITY;
-      s[3] = valid1 ? s[3] + s_lo[3] : -INFINITY;
-      float bmax0 = fmaxf(s[0], s[2]), bmax1 = fmaxf(s[1], s[3]);
+      attend_tile(row0, tile);
+    }
+  } else {  // blocks of two tiles dealt round the warps
+    for (int blk = t_begin + warp * 32; blk < t_end; blk += kDecodeWarps * 32) {
+      const int page = table[blk / P];
+      const size_t row0 = ((size_t)page * p.num_kv_heads + kv) * P + (blk % P);  // a block lies in one page
+      if (blk + lane < t_end) {
+        // The P.V part reads these value rows after the QK part: have them in L2 by then.
+        const char* vrow = reinterpret_cast<const char*>(p.bf16_values + (row0 + lane) * D);
 #pragma unroll
-      for (int off = 4; off < 32; off *= 2) {
-        bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
-        bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
+        for (int off = 0; off < D * 2; off += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vrow + off));
+        if constexpr (PREFETCH_KEYS) {
+          // Grids whose BF16 CTAs end the launch (parallel merge, split tables): tile 1 reads its key rows
+          // after tile 0's P.V; have them in L2 too (batch 1 / 1K: the BF16 CTAs end the launch, ~2.7 us after
+          // the INT2 CTAs; batch 8 / 32K 66.3 -> 65.3 us). At large batches this extra L2 traffic made the
+          // BF16-only decode 10 % slower (batch 32 / 32K 1128.5 -> 1237.7 us).
+          const char* krow = reinterpret_cast<const char*>(p.bf16_keys + (row0 + lane) * D);
+#pragma unroll
+          for (int off = 0; off < D * 2; off += 128)
+            if (lane >= 16) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(krow + off));
+        }
       }
-      const float mn0 = fmaxf(m0, bmax0), mn1 = fmaxf(m1, bmax1);  // finite: the tile's row 0 is valid
-      const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
-      m0 = mn0, m1 = mn1;
-      l0 *= corr0, l1 *= corr1;
 #pragma unroll
-      for (int i = 0; i < MT; ++i) o[i][0] *= corr0, o[i][1] *= corr1, o[i][2] *= corr0, o[i][3] *= corr1;
-      const float p00 = valid0 ? exp2f(s[0] - m0) : 0.f, p01 = valid0 ? exp2f(s[1] - m1) : 0.f;
-      const float p10 = valid1 ? exp2f(s[2] - m0) : 0.f, p11 = valid1 ? exp2f(s[3] - m1) : 0.f;
-      l0 += p00 + p10, l1 += p01 + p11;
-      // B fragments of P^T (k = tokens, n = head gid) by transposing the (token, head pair) words.
-      uint32_t h0, lo0, h1, lo1;
-      split_bf16x2(p00, p01, h0, lo0);
-      split_bf16x2(p10, p11, h1, lo1);
-      const uint32_t pb0 = transpose_8x8_b16(h0), pb1 = transpose_8x8_b16(h1);
-      const uint32_t pl0 = transpose_8x8_b16(lo0), pl1 = transpose_8x8_b16(lo1);
-      // A fragments of V^T: tokens 2tq, 2tq + 1, 2tq + 8, 2tq + 9 of the tile, zero past t_end (the
-      // weight is 0 there, but in-page memory past the length may hold anything).
-#pragma unroll
-      for (int w = 0; w < VW; ++w) {  // 16 bytes of each of the four rows: m-tiles 4w .. 4w + 3
-        uint4 v[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int tr = 2 * tq + (r & 1) + 8 * (r >> 1);  // tokens 2tq, 2tq + 1, 2tq + 8, 2tq + 9
-          const uint4* vp = reinterpret_cast<const uint4*>(p.bf16_values + (row0 + 16 * t + tr) * D) + gid * VW + w;
-          v[r] = tile + tr < t_end ? __ldg(vp) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const uint32_t w0 = word(v[0], e), w1 = word(v[1], e), w2 = word(v[2], e), w3 = word(v[3], e);
-          const uint32_t a0 = __byte_perm(w0, w1, 0x5410), a1 = __byte_perm(w0, w1, 0x7632);
-          const uint32_t a2 = __byte_perm(w2, w3, 0x5410), a3 = __byte_perm(w2, w3, 0x7632);
-          mma_bf16_16816(o[4 * w + e], a0, a1, a2, a3, pb0, pb1);
-          mma_bf16_16816(o[4 * w + e], a0, a1, a2, a3, pl0, pl1);
-        }
+      for (int t = 0; t < 2; ++t) {
+        const int tile = blk + 16 * t;
+        if (tile >= t_end) break;
+        attend_tile(row0 + 16 * t, tile);
       }
     }
   }
@@ -1452,7 +1501,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
       int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16, TABLE, STREAMS>(p, sh, smem, b, kv, t_begin, t_end,
                                                                                       spec);
     else
-      bf16_warp<D, PARALLEL || TABLE>(p, sh, b, kv, t_begin, t_end);
+      bf16_warp<D, PARALLEL || TABLE, !HAS_INT2>(p, sh, b, kv, t_begin, t_end);
   }
   __syncthreads();
   // The CTA's identity, read back from shared memory rather than held through the loop, which then spills less (d =

@@ -441,6 +441,22 @@ TEST(PagedDecode, LongBf16SplitsInWorkLists) {
     }
 }
 
+TEST(PagedDecode, Bf16OnlyCachesInBalancedTiles) {
+  // Caches without INT2 tokens (the BF16 decode, and sequences before their first demotion) split each range into
+  // four equal runs of 16-token tiles: splits of 4608 tokens give a warp 72 tiles (its page entries read 32 at a
+  // time), 20 tokens leave two warps without a tile, 77 end in a tile of 13; d = 64 / 128 / 256, g = 1 / 4 / 8, pages of
+  // 32 and 64 tokens.
+  for (int d : {64, 128, 256})
+    for (int g : {1, 4, 8}) {
+      DecodeCase c{d, g, 2, {0, 0, 0, 0}, {9000, 20, 77, 4700}, 64, 64, 4, true,
+                   "BF16 only, d=" + std::to_string(d) + " g=" + std::to_string(g)};
+      c.force_bf16_chunk = 4608;
+      run_case(c);
+      DecodeCase one{d, g, 2, {0, 0}, {320, 1000}, 32, 32, 4, g != 4, "BF16 only, planned, pages of 32"};
+      run_case(one);
+    }
+}
+
 TEST(PagedDecode, MergeCtasOverSplitsAsPieces) {
   // Merge CTAs where the plan has no pieces: its splits become the work list's pieces (a split table's split-major,
   // equal chunks per sequence), d = 64 / 128 / 256 with g = 1 / 4 / 8 (several output items per thread at d = 256,
