@@ -1300,7 +1300,7 @@ __device__ void merge_cta(const PagedDecodeParams& p, uint8_t* smem, int m) {
       cp_async16_if(base + 16 * i, rot + (size_t)(i / (NC / 4)) * D + 4 * (i % (NC / 4)), true);
     cp_async_commit();
   }
-  // Wait for the pair's S arrivals (each after its partial and lse were written and fenced).
+  // Wait for the pair's S arrivals (each a release after its partial and lse were written).
   if (tid == 0) {
     const unsigned* count = p.merge_counters + pair;
     for (;;) {
@@ -1548,20 +1548,18 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     *reinterpret_cast<float4*>(out + 4 * i) = v;
   }
   if (!p.merge_counters) return;
-  if constexpr (MERGE_CTAS) {  // release: the barrier orders this CTA's writes before the fence and the flag
+  // The flag and the arrival below are release operations: the barrier orders this CTA's writes before them. (As
+  // fence.acq_rel + a relaxed write, the fence's acquire half also invalidated the multiprocessor's L1, CCTL.IVALL.)
+  if constexpr (MERGE_CTAS) {
     __syncthreads();
-    if (threadIdx.x == 0) {
-      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-      asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(p.merge_flags + part), "r"(p.merge_epoch) : "memory");
-    }
+    if (threadIdx.x == 0)
+      asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p.merge_flags + part), "r"(p.merge_epoch) : "memory");
     return;
   }
-  if constexpr (PARALLEL) {  // arrive (release: the barrier orders this CTA's writes before the fence)
+  if constexpr (PARALLEL) {  // arrive
     __syncthreads();
-    if (threadIdx.x == 0) {
-      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-      atomicAdd(p.merge_counters + pair, 1u);
-    }
+    if (threadIdx.x == 0)
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.merge_counters + pair) : "memory");
     return;
   }
   // Last CTA of this (sequence, KV head) merges. Thread 0 arrives for the CTA, as in the parallel merge: the barrier
