@@ -904,9 +904,8 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
         for (int x = lane; x < 16 * VLINES; x += 32)
           if (tile + x / VLINES < t_end) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vrows + x * 128));
         if constexpr (PREFETCH_KEYS) {
-          // Grids whose BF16 CTAs end the launch (parallel merge, split tables): the next tile's key rows too (batch 1 /
-          // 1K: the BF16 CTAs end the launch, ~2.7 us after the INT2 CTAs; batch 8 / 32K 66.3 -> 65.3 us). At large
-          // batches this extra L2 traffic made the BF16-only decode 10 % slower (batch 32 / 32K 1128.5 -> 1237.7 us).
+          // Grids whose BF16 CTAs end the launch (parallel merge, split tables): the next tile's key rows too, as
+          // the blocks below (measured there).
           const int next = (i - tile_lo) % 32 + 1;
           const int next_page = __shfl_sync(0xffffffffu, page_lane, next % 32);
           if (i + 1 < tile_hi && next < 32) {

@@ -444,8 +444,8 @@ TEST(PagedDecode, LongBf16SplitsInWorkLists) {
 TEST(PagedDecode, Bf16OnlyCachesInBalancedTiles) {
   // Caches without INT2 tokens (the BF16 decode, and sequences before their first demotion) split each range into
   // four equal runs of 16-token tiles: splits of 4608 tokens give a warp 72 tiles (its page entries read 32 at a
-  // time), 20 tokens leave two warps without a tile, 77 end in a tile of 13; d = 64 / 128 / 256, g = 1 / 4 / 8, pages of
-  // 32 and 64 tokens.
+  // time), 20 tokens leave two warps without a tile, 77 end in a tile of 13; d = 64 / 128 / 256, g = 1 / 4 / 8,
+  // pages of 32 and 64 tokens.
   for (int d : {64, 128, 256})
     for (int g : {1, 4, 8}) {
       DecodeCase c{d, g, 2, {0, 0, 0, 0}, {9000, 20, 77, 4700}, 64, 64, 4, true,
