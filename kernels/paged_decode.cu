@@ -1676,7 +1676,9 @@ bool parallel_merge_fits(int splits_total, int head_dim) {
 }
 
 int merge_cta_parts(int head_dim) {
-  return head_dim == 64 ? merge_cta_parts_max<64>() : head_dim == 128 ? merge_cta_parts_max<128>() : merge_cta_parts_max<256>();
+  return head_dim == 64    ? merge_cta_parts_max<64>()
+         : head_dim == 128 ? merge_cta_parts_max<128>()
+                           : merge_cta_parts_max<256>();
 }
 
 int paged_decode_ctas_per_sm(int head_dim) {

@@ -394,31 +394,34 @@ TEST(PagedDecode, OneDecoderAcrossPlansAndLengths) {
     run_case(*c, &decoder);
 }
 
+// The grid's merge forced: parts 0 the last-CTA merge, 1 a merge CTA per pair, -1 merge_cta_parts(d) per pair (each
+// un-rotating its share of the columns); the label says which.
+void merge_by(DecodeCase& c, int parts) {
+  c.parallel_merge = false, c.merge_ctas = parts != 0;
+  c.merge_cta_parts = parts < 0 ? kernels::merge_cta_parts(c.dim) : parts;
+  c.label += parts == 0 ? ", last-CTA merge" : ", " + std::to_string(c.merge_cta_parts) + " merge CTAs per pair";
+}
+
 TEST(PagedDecode, Int2PiecesInAnyOrder) {
   // INT2 pieces made by hand, merged by the last CTA and by merge CTAs: longest first (with ties), a sequence without
   // INT2 tokens (no INT2 piece, its BF16 partial only) and one whose pieces are 1 quantum, pages of 16 and 64; and a
   // batch without a BF16 tier, whose INT2-less sequence keeps one empty INT2 piece (an empty partial for the merge CTA
   // to skip). Every output must land in its own sequence's rows.
-  // (Merge CTAs: one per pair, then merge_cta_parts(d) per pair, each un-rotating its share of the columns.)
+  // Each with the last-CTA merge, one merge CTA per pair and merge_cta_parts(d) per pair.
   for (int parts : {0, 1, -1}) {
-    auto merged_by = [&](DecodeCase& c) {
-      c.parallel_merge = false, c.merge_ctas = parts != 0;
-      c.merge_cta_parts = parts < 0 ? kernels::merge_cta_parts(c.dim) : parts;
-      c.label += parts == 0 ? ", last-CTA merge" : ", " + std::to_string(c.merge_cta_parts) + " merge CTAs per pair";
-    };
     for (int page : {16, 64}) {
       DecodeCase c{128, 4, 4, {9000, 4100, 4100, 1000, 129, 0}, {320, 7, 64, 0, 33, 5}, page, 64, 4, true,
                    "INT2 pieces, longest first, page " + std::to_string(page)};
-      merged_by(c);
+      merge_by(c, parts);
       c.sequence_chunks = {{0, 2304}, {1, 1024}, {2, 4224}, {3, 128}, {4, 256}, {5, 128}};
       run_case(c);
     }
     DecodeCase g8{64, 8, 2, {7000, 3000, 64}, {320, 320, 320}, 64, 64, 4, true, "INT2 pieces, d=64 g=8"};
-    merged_by(g8);
+    merge_by(g8, parts);
     g8.sequence_chunks = {{2, 128}, {0, 1792}, {1, 3072}};
     run_case(g8);
     DecodeCase none{128, 4, 2, {5000, 0, 700}, {0, 0, 0}, 64, 64, 4, true, "INT2 pieces, no BF16 tier"};
-    merged_by(none);
+    merge_by(none, parts);
     none.sequence_chunks = {{1, 128}, {2, 384}, {0, 1280}};
     run_case(none);
   }
@@ -431,10 +434,8 @@ TEST(PagedDecode, LongBf16SplitsInWorkLists) {
   for (int parts : {0, 1, -1})  // the last-CTA merge, one merge CTA per pair, merge_cta_parts(d) per pair
     for (int d : {64, 128, 256}) {
       DecodeCase c{d, 4, 2, {3000, 500, 0}, {4500, 700, 4420}, 64, 64, 4, true,
-                   "long BF16 splits, d=" + std::to_string(d) + (parts ? ", merge CTAs" : ", last-CTA merge")};
-      c.parallel_merge = false, c.merge_ctas = parts != 0;
-      c.merge_cta_parts = parts < 0 ? kernels::merge_cta_parts(d) : parts;
-      if (parts < 0) c.label += " x" + std::to_string(c.merge_cta_parts);
+                   "long BF16 splits, d=" + std::to_string(d)};
+      merge_by(c, parts);
       c.sequence_chunks = {{0, 1024}, {1, 512}, {2, 128}};
       c.force_bf16_chunk = 4608;
       run_case(c);
@@ -445,14 +446,15 @@ TEST(PagedDecode, Bf16OnlyCachesInBalancedTiles) {
   // Caches without INT2 tokens (the BF16 decode, and sequences before their first demotion) split each range into
   // four equal runs of 16-token tiles: splits of 4608 tokens give a warp 72 tiles (its page entries read 32 at a
   // time), 20 tokens leave two warps without a tile, 77 end in a tile of 13; d = 64 / 128 / 256, g = 1 / 4 / 8,
-  // pages of 32 and 64 tokens.
+  // pages of 32 and 64 tokens; the planned cases without R_V^T at g = 4.
   for (int d : {64, 128, 256})
     for (int g : {1, 4, 8}) {
       DecodeCase c{d, g, 2, {0, 0, 0, 0}, {9000, 20, 77, 4700}, 64, 64, 4, true,
                    "BF16 only, d=" + std::to_string(d) + " g=" + std::to_string(g)};
       c.force_bf16_chunk = 4608;
       run_case(c);
-      DecodeCase one{d, g, 2, {0, 0}, {320, 1000}, 32, 32, 4, g != 4, "BF16 only, planned, pages of 32"};
+      DecodeCase one{d, g, 2, {0, 0}, {320, 1000}, 32, 32, 4, g != 4,
+                     "BF16 only, planned, pages of 32, d=" + std::to_string(d) + " g=" + std::to_string(g)};
       run_case(one);
     }
 }
