@@ -16,8 +16,10 @@ namespace oscar::kernels {
 
 constexpr int kDecodeMaxGroup = 8;      // query heads per KV head handled by one CTA
 constexpr int kDecodeWarps = 4;         // warps per CTA
-constexpr int kInt2SplitQuantum = 128;  // INT2 tokens per split: a multiple of this (4 warps x 2 tiles x 16;
-                                        // a CTA step at d = 64 is two quanta: 4 tiles per warp)
+constexpr int kInt2SplitQuantum = 128;  // INT2 tokens per split table entry or work piece: a multiple of this (4
+                                        // warps x 2 tiles x 16; a CTA step at d = 64 is two quanta: 4 tiles per warp)
+constexpr int kInt2ChunkQuantum = 64;   // equal INT2 splits (int2_chunk): a multiple of this, so a split may end in
+                                        // half a CTA step (its tiles past the end masked)
 constexpr int kBf16SplitQuantum = 128;  // BF16 tokens per split: a multiple of this (4 warps x 32)
 constexpr int kDecodeMaxTableSplits = 64;  // INT2 splits of a split table
 // Splits shorter than this take the INT2 loop with one softmax stream per warp (see int2_streams): H200, batch 8 / 8K
@@ -51,7 +53,7 @@ struct PagedDecodeParams {
   int int2_max_pages = 0;
   const int32_t* int2_lengths = nullptr;  // [B] INT2 tokens per sequence
   int int2_splits = 0;                    // grid splits for the INT2 tier (with work: the most of any sequence)
-  int int2_chunk = 0;                     // tokens per split, multiple of kInt2SplitQuantum
+  int int2_chunk = 0;                     // tokens per split, multiple of kInt2ChunkQuantum
   bool int2_streams = true;               // two softmax streams per INT2 warp where the kernel has them (g <= 4,
                                           // no merge_parts); the planner sets it for splits of >= kInt2StreamsMinChunk
 

@@ -260,8 +260,7 @@ void sort_largest_first(std::vector<Int2Piece>& pieces) {
 }
 // The INT2 chunk of s splits of len tokens: ceil(len / s) rounded up to the split quantum. (A chunk that leaves fewer
 // than s splits is the same grid as a smaller s.)
-long split_chunk(long len, long s) {
-  const long q = kernels::kInt2SplitQuantum;
+long split_chunk(long len, long s, long q = kernels::kInt2SplitQuantum) {
   return ((len + s - 1) / s + q - 1) / q * q;
 }
 }  // namespace
@@ -286,15 +285,22 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
                       cache.host_int2_lengths.size() == static_cast<size_t>(g.batch);
   if (cache.max_int2_length > 0) {
     // INT2 splits: minimise (waves of CTAs) x (tokens per CTA + a fixed start-up cost) + a merge cost
-    // per split, over chunks that are multiples of the split quantum (costs in tokens).
+    // per split, over chunks that are multiples of the split quantum (or of kInt2ChunkQuantum, below; costs in
+    // tokens).
     const long q = kernels::kInt2SplitQuantum, len = cache.max_int2_length;
     // The search starts at chunks of kMaxChunk. Ragged batches (not merged in parallel): the cost is
     // equal_chunk_makespan, for grids of at most kMaxRaggedWaves waves.
     constexpr long kShortSplit = 2304;
     std::vector<int32_t> sorted_lengths = cache.host_int2_lengths;
     std::sort(sorted_lengths.begin(), sorted_lengths.end());
-    for (long s = (len + kMaxChunk - 1) / kMaxChunk; s <= (len + q - 1) / q; ++s) {
-      const long chunk = split_chunk(len, s);
+    // Each split count s is tried twice: with a chunk of whole quanta, and (fine) of whole kInt2ChunkQuantum
+    // halves, which only the parallel merge's one-wave grids take: there the longest split sets the end (H200,
+    // batch 1 / 100K: 49 splits of 2112 tokens, 392 CTAs, three on all but four multiprocessors, instead of 47 of
+    // 2176, 29.3 -> 29.0 us; other batch-1 and batch-2 shapes within noise).
+    for (long s2 = 2 * ((len + kMaxChunk - 1) / kMaxChunk); s2 <= 2 * ((len + q - 1) / q) + 1; ++s2) {
+      const long s = s2 / 2;
+      const bool fine = s2 % 2 == 1;
+      const long chunk = split_chunk(len, s, fine ? kernels::kInt2ChunkQuantum : q);
       const long splits = (len + chunk - 1) / chunk;
       if (splits != s) continue;  // the same chunk as a smaller s
       if (ragged && pairs * splits > kMaxRaggedWaves * slots && plan.int2_splits > 0) continue;
@@ -323,6 +329,11 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
       } else if (ragged && pairs * splits <= kMaxRaggedWaves * slots) {
         cost = equal_chunk_makespan(sorted_lengths, g.num_kv_heads, chunk, splits, slots);
       }
+      // (Fine chunks only where the parallel merge will run: the other plans may become split tables or work
+      // pieces, which keep whole quanta, and were tuned with them.)
+      if (fine && (!fits || chunk % q == 0 || !kernels::parallel_merge_fits(splits + bf16_splits, g.head_dim) ||
+                   !kernels::fused_merge_fits(splits + bf16_splits, g.group, g.head_dim)))
+        continue;
       if (plan.int2_splits == 0 || cost < best) {
         best = cost;
         plan.int2_splits = static_cast<int>(splits);

@@ -495,6 +495,22 @@ TEST(PagedDecode, SmallestSplitsAndRepeatedCalls) {
   run_case(c);
 }
 
+TEST(PagedDecode, ChunksOfHalfSteps) {
+  // Equal splits in multiples of kInt2ChunkQuantum (64) rather than of a CTA step (128 tokens, 256 at d = 64): splits
+  // start mid-step and end in a half (at d = 64 a quarter) step; merged in parallel (the planner's grids here fit one
+  // wave) and by the last CTA, with two softmax streams at g = 4 and pages of 16 tokens at d = 128.
+  for (int dim : {64, 128, 256})
+    for (int chunk : {64, 192, 2112}) {
+      DecodeCase c{dim, dim == 256 ? 8 : 4, 2, {1, 191, 193, 2 * chunk + 100}, {0, 7, 64, 320}, dim == 128 ? 16 : 64,
+                   64, 4, true, "d=" + std::to_string(dim) + ", splits of " + std::to_string(chunk)};
+      c.force_int2_chunk = chunk;
+      run_case(c);
+      c.parallel_merge = false;
+      c.label += ", last-CTA merge";
+      run_case(c);
+    }
+}
+
 TEST(PagedDecode, ParallelMergeRoundsAndLastCtaMerge) {
   // Small grids merge in parallel merge CTAs: splits beyond one round of their loads (64 at d = 128, 128
   // at d = 64, 32 at d = 256), and the same small cases merged by the last split CTA instead.
