@@ -497,15 +497,20 @@ TEST(PagedDecode, SmallestSplitsAndRepeatedCalls) {
 
 TEST(PagedDecode, ChunksOfHalfSteps) {
   // Equal splits in multiples of kInt2ChunkQuantum (64) rather than of a CTA step (128 tokens, 256 at d = 64): splits
-  // start mid-step and end in a half (at d = 64 a quarter) step; merged in parallel (the planner's grids here fit one
-  // wave) and by the last CTA, with two softmax streams at g = 4 and pages of 16 tokens at d = 128.
+  // start mid-step and end in a half (at d = 64 a quarter) step. Each case runs twice: merged in parallel (the
+  // register-staged kernels, whose warps share the q fragments' conversion; the grid must fit one wave), then by the
+  // last CTA (the cp.async kernels, with two softmax streams at g = 4); pages of 16 tokens at d = 128.
   for (int dim : {64, 128, 256})
     for (int chunk : {64, 192, 2112}) {
-      DecodeCase c{dim, dim == 256 ? 8 : 4, 2, {1, 191, 193, 2 * chunk + 100}, {0, 7, 64, 320}, dim == 128 ? 16 : 64,
-                   64, 4, true, "d=" + std::to_string(dim) + ", splits of " + std::to_string(chunk)};
+      // (One KV head at d = 256: its 32 merge CTAs per pair at g = 4 and the splits must all be resident at once, at two
+      // CTAs per SM.)
+      const int kv_heads = dim == 256 ? 1 : 2, int2_page = dim == 128 ? 16 : 64;
+      DecodeCase c{dim,  4, kv_heads, {1, 191, 193, 2 * chunk + 100}, {0, 7, 64, 320}, int2_page, 64, 4,
+                   true, "d=" + std::to_string(dim) + ", splits of " + std::to_string(chunk)};
       c.force_int2_chunk = chunk;
+      c.expect_parallel_merge = true;
       run_case(c);
-      c.parallel_merge = false;
+      c.expect_parallel_merge = false, c.parallel_merge = false, c.merge_ctas = 0;
       c.label += ", last-CTA merge";
       run_case(c);
     }
