@@ -238,10 +238,11 @@ constexpr int smem_bytes() {
 // faster on these short CTAs (H200, d = 128: batch 1 / 8K 14.2 -> 13.6 us, 100K 32.1 -> 31.5 us), slower
 // on the large grids (all kernels this way: 32 / 100K 590 -> 614 us), where more stages need to fly.
 // M16: the metadata is fp16 (8 bytes per row, read as 8 bytes and widened in the loop), else fp32.
-// BLOCKS (the split-table kernels): the page-table entries of 32 runs come in one read per lane, a block ahead,
-// and each stage takes its own by a shuffle: ~8 instructions fewer per warp stage than a read per stage (H200:
-// uniform shapes 0.4-1.9 % faster, geometric mean -0.7 %). Not in the main kernel: its ragged one-wave shapes
-// lost 1.5-2.6 % (8 / 32K, 8 / 100K, 8 / 128K), for a reason not found. Needs load_pages called for k = 0, 1, ..
+// BLOCKS (the split-table and work-list kernels): the page-table entries of 32 runs come in one read per lane, a
+// block ahead, and each stage takes its own by a shuffle: ~8-12 instructions fewer per warp stage than a read per
+// stage (H200: split tables 0.4-1.9 % faster; work lists, the ragged and merge-CTA grids, up to 2.8 %, geometric
+// mean over the Qwen3-8B shapes -0.4 %). Not in the kernel without a work list or table (the ragged one-wave grids
+// lost 1.5-2.6 % when they ran there, for a reason not found). Needs load_pages called for k = 0, 1, ..
 // STREAMS (g <= 4): two softmax streams per warp, see below: about 30 instructions fewer per warp stage at d = 128
 // (half the logits, exponentials and running sums per lane); with kMaxHeadroom and the combine's per-head weights,
 // large calls 3.4-5.1 % faster (H200). Launched for splits of >= kInt2StreamsMinChunk tokens (p.int2_streams): on
@@ -1534,8 +1535,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   __syncthreads();
   if (t_begin < t_end) {
     if (int2)
-      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16, TABLE, STREAMS>(p, sh, smem, b, kv, t_begin, t_end,
-                                                                                      spec);
+      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16, TABLE || WORK, STREAMS>(p, sh, smem, b, kv,
+                                                                                              t_begin, t_end, spec);
     else
       bf16_warp<D, PARALLEL || TABLE, !HAS_INT2>(p, sh, b, kv, t_begin, t_end);
   }
