@@ -812,14 +812,15 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
 // at k slots {2tq, 2tq + 1, 2tq + 8, 2tq + 9}, so a 16-byte load of a key row feeds two chunks.
 // P.V: lane (gid, tq) owns output channels [gid * D / 8, +D / 8); m-tile i rows gid / gid + 8 are its
 // channels 2i / 2i + 1, and the k slots are the tile's tokens in order.
-// BALANCED (the kernels without an INT2 path: the BF16 decode, caches before their first demotion; and the work-list
-// kernels but those with four merge CTAs per pair): warp w takes the w-th quarter of the range's 16-token tiles,
-// instead of blocks of two tiles dealt round the warps, which left a 320-token range (10 blocks) three blocks on two
-// warps and two on the others (H200: the BF16 decode 7-12 % faster; in the work lists, whose BF16 CTAs fill the
-// slots the INT2 CTAs free, ragged 64 / 8K 2.4-3.2 % and the uniform merge-CTA grids 1-3 % faster). The other
-// kernels with an INT2 path keep the blocks: there the balanced loop changes ptxas's code for the INT2 loop, and the
-// calls they serve, whose BF16 share is small, ran 1-3 % slower (ragged 8 / 32K - 8 / 128K with four merge CTAs
-// per pair; in the work lists ragged 32 / 32K pays 1.1-1.2 % of this).
+// BALANCED (the kernels without an INT2 path: the BF16 decode, caches before their first demotion; the split-table
+// kernels; the work-list kernels but those with four merge CTAs per pair): warp w takes the w-th quarter of the
+// range's 16-token tiles, instead of blocks of two tiles dealt round the warps, which left a 320-token range (10
+// blocks) three blocks on two warps and two on the others (H200: the BF16 decode 7-12 % faster; in the work lists,
+// whose BF16 CTAs fill the slots the INT2 CTAs free, ragged 64 / 8K 2.4-3.2 % and the uniform merge-CTA grids 1-3 %
+// faster; the split tables 0.1-0.7 %, and their d = 128 kernels lost their spill). The other kernels with an INT2
+// path keep the blocks: there the balanced loop changes ptxas's code for the INT2 loop, and the calls they serve,
+// whose BF16 share is small, ran 1-3 % slower (ragged 8 / 32K - 8 / 128K with four merge CTAs per pair; in the work
+// lists ragged 32 / 32K pays 1.1-1.2 % of this).
 template <int D, bool PREFETCH_KEYS, bool BALANCED>
 __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, int kv, int t_begin, int t_end) {
   constexpr int CHUNKS = D / 16, KV4 = D / 32, MT = D / 16, VW = D / 64;  // VW: uint4 per row per lane in P.V
@@ -1541,7 +1542,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
       int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16, TABLE || WORK, STREAMS>(p, sh, smem, b, kv,
                                                                                               t_begin, t_end, spec);
     else
-      bf16_warp<D, PARALLEL || TABLE, !HAS_INT2 || (WORK && MERGE_PARTS <= 1)>(p, sh, b, kv, t_begin, t_end);
+      bf16_warp<D, PARALLEL || TABLE, !HAS_INT2 || TABLE || (WORK && MERGE_PARTS <= 1)>(p, sh, b, kv, t_begin, t_end);
   }
   __syncthreads();
   // The CTA's identity, read back from shared memory rather than held through the loop, which then spills less (d =
