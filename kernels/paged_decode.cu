@@ -9,7 +9,8 @@
 // Q.K on int8 tensor cores (m16n8k32, codes unsigned, query signed, exact int32 sums): one AND per 4
 // codes puts each byte's code of one quarter at bits 4-5 or 6-7, i.e. 16c or 64c as an unsigned int8
 // (two quarters from the word, two from the word times 16, an IMAD on the FMA pipe); the query is two
-// int8 terms per channel (see int2_cta), each term its own accumulator.
+// int8 terms per channel (see int2_cta), each term its own accumulator (in the batch-1 kernels at g <= 4 one
+// product holds both, int2_cta's PACK).
 // P.V on fp16 tensor cores (m16n8k16, fp32 accumulate): a code at mantissa bits 6-7 or 8-9 of a half
 // with exponent 16 or 4 reads as (16 + c) or (4 + c) exactly (one LOP3 per two codes); one byte swap
 // and a multiply by 16 (IMAD) per 32-bit pair-word bring its 16 codes to such positions (offsets <= 16,
@@ -247,8 +248,12 @@ constexpr int smem_bytes() {
 // (half the logits, exponentials and running sums per lane); with kMaxHeadroom and the combine's per-head weights,
 // large calls 3.4-5.1 % faster (H200). Launched for splits of >= kInt2StreamsMinChunk tokens (p.int2_streams): on
 // shorter ones the streams' setup and doubled states outweigh the loop's savings.
+// PACK (g <= 4, the batch-1 kernels, where the streams make the staged loop spill and ran 8 % slower): the free mma
+// columns take the query's lo terms instead (see below): half the Q.K products and half the per-lane softmax work,
+// for two shuffles per tile and one per P fragment; 869 -> 759 instructions per warp loop at d = 128, and H200
+// batch 1 / 100K 29.3 -> 28.2 us, 128K 34.0 -> 32.6, every parallel-merge call of five geometries 0-5 % faster.
 template <int D, bool PAIRED, bool SPEC = false, bool STAGED = false, bool M16 = false, bool BLOCKS = false,
-          bool STREAMS = false>
+          bool STREAMS = false, bool PACK = false>
 __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* ring, int b, int kv, int t_begin,
                          int t_end, const int (*spec_pages)[Int2Geom<D>::TILES] = nullptr) {
   using G = Int2Geom<D>;
@@ -263,9 +268,15 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   // columns 4u .. 4u + 3, and lane (gid, tq) keeps the softmax of stream st = tq / 2 (columns 2tq, 2tq + 1).
   // The streams are two online softmaxes over disjoint tokens, merged with the warps' states at the end.
   static_assert(!STREAMS || TILES % 2 == 0, "two streams take the tiles in pairs");
+  static_assert(!(STREAMS && PACK), "the streams and the packed terms both take columns 4-7");
   constexpr int NS = STREAMS ? 2 : 1, MY = TILES / NS;  // streams; tiles per stage whose softmax a lane does
   const int st = STREAMS ? tq / 2 : 0;
-  const int head = STREAMS ? gid % 4 : gid;  // query head of mma column gid
+  const int head = STREAMS || PACK ? gid % 4 : gid;  // query head of mma column gid
+  // PACK (g <= 4): the query's hi term of head h in mma column h, its lo term in column h + 4, so one Q.K product per
+  // k step serves both terms; lanes tq and tq ^ 2 then swap halves, and lane (gid, tq) keeps token row gid + 8 (tq / 2)
+  // of heads 2 (tq % 2), 2 (tq % 2) + 1: two logits, exponentials and running sums per tile instead of four.
+  constexpr int NT = PACK ? 1 : 2;  // Q.K accumulators per tile (query terms)
+  const bool low = tq < 2;          // PACK: this lane keeps row gid (else gid + 8)
 
   float o[G::MT][4];
 #pragma unroll
@@ -343,6 +354,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   uint32_t* lane_tbl = reinterpret_cast<uint32_t*>(ring + G::RING_BYTES + warp * G::TABLE_BYTES) + lane;
   lane_offsets<D, M16>(lane, lane_tbl[0], lane_tbl[32], lane_tbl[64]);
   lane_tbl[32] += st * G::TILE_BYTES;  // the metadata rows of this lane's stream tile
+  if (PACK && !low) lane_tbl[32] += 8 * MB;  // PACK: the metadata row of this lane's token row
   constexpr int NMAT = 2 * NX, LDM = NMAT >= 4 ? 4 : 2, NLDM = NMAT / LDM;  // V: 8x8 matrices, per ldmatrix
   const uint32_t wring_smem = static_cast<uint32_t>(__cvta_generic_to_shared(wring));
   // Byte offsets of tile t of stage k in the code and metadata pools: 32-bit row index of the tile's first
@@ -517,6 +529,8 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
           if constexpr (SHARE) {
             const int at = (idx / kDecodeWarps) * 2 * 32;
             handover[at] = hi, handover[at + 32] = lo;
+          } else if constexpr (PACK) {
+            qb[0][u][j][half] = gid < 4 ? hi : lo;
           } else {
             qb[0][u][j][half] = hi, qb[1][u][j][half] = lo;
           }
@@ -533,8 +547,12 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 #pragma unroll
         for (int idx = w; idx < NG; idx += kDecodeWarps) {
           const int u = idx / 4, j = idx / 2 % 2, half = idx % 2, at = (idx / kDecodeWarps) * 2 * 32;
-          qb[0][u][j][half] = from[at];
-          qb[1][u][j][half] = from[at + 32];
+          if constexpr (PACK) {
+            qb[0][u][j][half] = from[gid < 4 ? at : at + 32];
+          } else {
+            qb[0][u][j][half] = from[at];
+            qb[1][u][j][half] = from[at + 32];
+          }
         }
         qsum_own += reinterpret_cast<const float*>(from)[NGW * 2 * 32];
       }
@@ -543,9 +561,10 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 #pragma unroll
     for (int off = 1; off < 4; off *= 2) qsum_own += __shfl_xor_sync(0xffffffffu, qsum_own, off);
   }
-  // Heads of this thread's C fragments: 2tq, 2tq+1 (their sum_c x~_c).
-  const float qsum0 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq) * 4) * qscale;
-  const float qsum1 = __shfl_sync(0xffffffffu, qsum_own, (2 * tq + 1) * 4) * qscale;
+  // Heads of this thread's logits: 2tq, 2tq+1 (PACK: 2 (tq % 2), 2 (tq % 2) + 1), their sum_c x~_c.
+  const int qh = PACK ? 2 * (tq % 2) : 2 * tq;
+  const float qsum0 = __shfl_sync(0xffffffffu, qsum_own, qh * 4) * qscale;
+  const float qsum1 = __shfl_sync(0xffffffffu, qsum_own, (qh + 1) * 4) * qscale;
   const float qscale_lo = qscale * (1.f / 256.f), qbias = -kAccBiasBoth * qscale;
   // Two streams: the factors of tile 2j's and 2j + 1's sums (this lane's tile's, the other's 0), and the 0/1
   // factor that keeps column gid's P weights in tile 2j's and 2j + 1's P.V products.
@@ -576,7 +595,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       const uint8_t* buf = wring + (k % STAGES) * (TILES * G::TILE_BYTES);
       // S^T [16 tokens x 8 columns] per tile: acc[t][term] (int32 from kAccBias); rows gid and gid + 8 are tokens
       // tile_token(gid), tile_token(gid + 8).
-      int32_t acc[TILES][2][4];
+      int32_t acc[TILES][NT][4];
 #pragma unroll
       for (int t = 0; t < TILES; ++t) {
         const uint8_t* tb = buf + t * G::TILE_BYTES;
@@ -604,7 +623,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
             a[r][2] = w & 0x30303030u, a[r][3] = w & 0xC0C0C0C0u;
           }
 #pragma unroll
-          for (int term = 0; term < 2; ++term)
+          for (int term = 0; term < NT; ++term)
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
               const uint32_t b0 = qb[term][u][j][0], b1 = qb[term][u][j][1];
@@ -619,28 +638,41 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       // the running reference (log2 domain), with the stage max per head. Two streams: tile 2j's sums sit in
       // columns 0-3 and tile 2j + 1's in columns 4-7 of the pair's products; the FFMAs take this lane's
       // (the other tile's terms by a zero factor).
-      float s[MY][4];
-      float4 meta[MY][2];
+      // PACK: s[j][0..1], row gid + 8 (tq / 2), from this lane's hi or lo half and the partner's (lane tq ^ 2).
+      constexpr int NE = PACK ? 2 : 4, NR = PACK ? 1 : 2;  // logits and token rows per tile and lane
+      float s[MY][NE];
+      float4 meta[MY][NR];
 #pragma unroll
       for (int j = 0; j < MY; ++j) {
+        if constexpr (PACK) {
+          // Lane tq < 2 holds the hi sums (rows gid, gid + 8), lane tq ^ 2 the lo sums of the same heads: each sends
+          // the row it does not keep. (hi first: that FMA is exact, see kAccBias.)
+          const int32_t(&c)[4] = acc[j][0];
+          const int32_t r0 = __shfl_xor_sync(0xffffffffu, low ? c[2] : c[0], 2);
+          const int32_t r1 = __shfl_xor_sync(0xffffffffu, low ? c[3] : c[1], 2);
+          const int32_t hi0 = low ? c[0] : r0, hi1 = low ? c[1] : r1, lo0 = low ? r0 : c[2], lo1 = low ? r1 : c[3];
+          s[j][0] = __fmaf_rn(__int_as_float(lo0), qscale_lo, __fmaf_rn(__int_as_float(hi0), qscale, qbias));
+          s[j][1] = __fmaf_rn(__int_as_float(lo1), qscale_lo, __fmaf_rn(__int_as_float(hi1), qscale, qbias));
+        } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if constexpr (STREAMS) {
-            const int32_t(&a0)[2][4] = acc[2 * j], (&a1)[2][4] = acc[2 * j + 1];
-            s[j][i] = __fmaf_rn(__int_as_float(a0[1][i]), own_lo[0],
-                                __fmaf_rn(__int_as_float(a0[0][i]), own_hi[0],
-                                          __fmaf_rn(__int_as_float(a1[1][i]), own_lo[1],
-                                                    __fmaf_rn(__int_as_float(a1[0][i]), own_hi[1], qbias))));
-          } else {
-            s[j][i] = __fmaf_rn(__int_as_float(acc[j][1][i]), qscale_lo,
-                                __fmaf_rn(__int_as_float(acc[j][0][i]), qscale, qbias));
+          for (int i = 0; i < 4; ++i) {
+            if constexpr (STREAMS) {
+              const int32_t(&a0)[2][4] = acc[2 * j], (&a1)[2][4] = acc[2 * j + 1];
+              s[j][i] = __fmaf_rn(__int_as_float(a0[1][i]), own_lo[0],
+                                  __fmaf_rn(__int_as_float(a0[0][i]), own_hi[0],
+                                            __fmaf_rn(__int_as_float(a1[1][i]), own_lo[1],
+                                                      __fmaf_rn(__int_as_float(a1[0][i]), own_hi[1], qbias))));
+            } else {
+              s[j][i] = __fmaf_rn(__int_as_float(acc[j][1][i]), qscale_lo,
+                                  __fmaf_rn(__int_as_float(acc[j][0][i]), qscale, qbias));
+            }
           }
         }
         // lane_tbl[32] holds this lane's stream tile offset (two streams: st tiles).
         const uint8_t* tb = buf + NS * j * G::TILE_BYTES + lane_tbl[32];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int tok = tile_start(k, NS * j + st) + tile_token(gid + 8 * r);
+        for (int r = 0; r < NR; ++r) {
+          const int tok = tile_start(k, NS * j + st) + tile_token(gid + 8 * (PACK ? !low : r));
           float4 mt;
           if constexpr (M16) {
             const uint2 h = *reinterpret_cast<const uint2*>(tb + r * 8 * MB);
@@ -657,8 +689,8 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 #pragma unroll
       for (int j = 0; j < MY; ++j) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int tok = tile_start(k, NS * j + st) + tile_token(gid + 8 * r);
+        for (int r = 0; r < NR; ++r) {
+          const int tok = tile_start(k, NS * j + st) + tile_token(gid + 8 * (PACK ? !low : r));
           const float4 mt = meta[j][r];
           const bool valid = FULL || tok < t_end;
           s[j][2 * r + 0] = valid ? fmaf(mt.x, fmaf(-mt.y, qsum0, s[j][2 * r + 0]), neg_m0) : -INFINITY;
@@ -673,7 +705,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       // two streams, stream 1's tiles of the last stage may have none (its max is -inf; `first` then stays).
       if (__any_sync(0xffffffffu, first || bmax0 > 0.f || bmax1 > 0.f)) {
 #pragma unroll
-        for (int off = 4; off < 32; off *= 2) {
+        for (int off = PACK ? 2 : 4; off < 32; off *= 2) {  // (PACK: the rows of lane tq ^ 2 too)
           bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
           bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
         }
@@ -689,7 +721,9 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
 #pragma unroll
         for (int i = 0; i < G::MT; ++i) o[i][0] *= corr0, o[i][1] *= corr1, o[i][2] *= corr0, o[i][3] *= corr1;
 #pragma unroll
-        for (int j = 0; j < MY; ++j) s[j][0] -= delta0, s[j][1] -= delta1, s[j][2] -= delta0, s[j][3] -= delta1;
+        for (int j = 0; j < MY; ++j)
+#pragma unroll
+          for (int i = 0; i < NE; i += 2) s[j][i] -= delta0, s[j][i + 1] -= delta1;
       }
       // P.V of tile t with B fragments pb (k slots 2tq, 2tq + 1 [+ 8], column gid).
       auto pv = [&](int t, uint32_t pb0, uint32_t pb1) {
@@ -727,7 +761,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       for (int j = 0; j < MY; ++j) {
         uint32_t pb[2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
+        for (int r = 0; r < NR; ++r) {
           const float4 mt = meta[j][r];
           const float p0 = exp2f(s[j][2 * r + 0]), p1 = exp2f(s[j][2 * r + 1]);  // exp2(-inf) = 0 (masked)
           l0 += p0, l1 += p1;
@@ -735,7 +769,14 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
           const float2 wf = unpack_half2(wh);
           w0 += wf.x, w1 += wf.y;
           wz0 = fmaf(wf.x, mt.w, wz0), wz1 = fmaf(wf.y, mt.w, wz1);
-          pb[r] = transpose_8x8_b16(wh);  // -> (k slots 2tq, 2tq+1 [+8]; column gid)
+          if constexpr (PACK) {
+            // Row gid + 8's weights from lane tq ^ 2; columns 4-7 (lanes tq >= 2) are empty heads.
+            const uint32_t other = __shfl_xor_sync(0xffffffffu, wh, 2);
+            pb[0] = transpose_8x8_b16(low ? wh : 0u);
+            pb[1] = transpose_8x8_b16(low ? other : 0u);
+          } else {
+            pb[r] = transpose_8x8_b16(wh);  // -> (k slots 2tq, 2tq+1 [+8]; column gid)
+          }
         }
         if constexpr (STREAMS) {
           // Column gid holds tile 2j's weights (gid < 4) or tile 2j + 1's: each tile's product keeps its columns.
@@ -753,9 +794,9 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     if constexpr (!STAGED) __syncwarp();
   }
   if constexpr (!STAGED) cp_async_wait<0>();
-  // Reduce l, w, wz over the 16 token rows (gid).
+  // Reduce l, w, wz over the 16 token rows (gid; PACK: and the rows of lane tq ^ 2).
 #pragma unroll
-  for (int off = 4; off < 32; off *= 2) {
+  for (int off = PACK ? 2 : 4; off < 32; off *= 2) {
     l0 += __shfl_xor_sync(0xffffffffu, l0, off);
     l1 += __shfl_xor_sync(0xffffffffu, l1, off);
     w0 += __shfl_xor_sync(0xffffffffu, w0, off);
@@ -1439,7 +1480,8 @@ enum class Int2Pages { none, small, paired };
 // was 2.5-4 % slower in one kernel). TABLE (not with PARALLEL): INT2 splits from p.int2_split_table, a
 // kernel of its own for the same reason (batch 64 / 8K 133 -> 138 us with the table read in every kernel).
 // M16: fp16 INT2 metadata (p.int2_metadata_fp16; paired pages only).
-// STREAMS: two softmax streams in the INT2 warps (g <= 4, not with PARALLEL).
+// STREAMS (g <= 4): two softmax streams in the INT2 warps, or with PARALLEL both query terms in one Q.K product
+// (int2_cta's PACK).
 // WORK (not with PARALLEL or TABLE): the CTAs take their shares from p.work, a kernel of its own so that the grids
 // without a work list keep their code (in one kernel, ragged 64 / 8K and 32 / 8K ran 1.9-2.4 % slower).
 // MERGE_PARTS > 0 (with WORK, p.merge_flags): a CTA flags its partial and exits; the grid's last p.work_merge_ctas CTAs
@@ -1539,8 +1581,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   __syncthreads();
   if (t_begin < t_end) {
     if (int2)
-      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16, TABLE || WORK, STREAMS>(p, sh, smem, b, kv,
-                                                                                              t_begin, t_end, spec);
+      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16, TABLE || WORK, STREAMS && !PARALLEL,
+               STREAMS && PARALLEL>(p, sh, smem, b, kv, t_begin, t_end, spec);
     else
       bf16_warp<D, PARALLEL || TABLE, !HAS_INT2 || TABLE || (WORK && MERGE_PARTS <= 1)>(p, sh, b, kv, t_begin, t_end);
   }
@@ -1557,7 +1599,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   // exp2(m - max) / den by shuffles and write the split's LSE; then every output float4 is one weighted sum.
   const size_t part = (size_t)pair * S + split;
   float* out = p.partial_out + part * g * D;
-  constexpr int NSTATE = STREAMS ? 2 * kDecodeWarps : kDecodeWarps;
+  constexpr int NSTATE = STREAMS && !PARALLEL ? 2 * kDecodeWarps : kDecodeWarps;
   static_assert(NSTATE <= 8 && kGroup * 8 <= kThreads, "eight lanes per head");
   const int nstate = int2 ? NSTATE : kDecodeWarps;
   // State w of head h: warp w % kDecodeWarps, slot h (w < kDecodeWarps) or h + 4 (the warp's second stream).
@@ -1648,11 +1690,13 @@ void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
 }
 
 // Two softmax streams in the INT2 loop when asked (int2_streams) and the heads fit twice in the 8 mma columns (and
-// there is an INT2 tier; not in the batch-1 kernels, whose staged loop spills with them).
+// there is an INT2 tier; not in the batch-1 kernels, whose staged loop spills with them: there the heads' lo query
+// terms take the free columns instead, whenever they fit).
 template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
-  if constexpr (PAGES != Int2Pages::none && !PARALLEL) {
-    if (p.group <= 4 && p.int2_streams) return launch_kernel<D, PAGES, PARALLEL, TABLE, M16, true>(p, stream);
+  if constexpr (PAGES != Int2Pages::none) {
+    if (p.group <= 4 && (PARALLEL || p.int2_streams))
+      return launch_kernel<D, PAGES, PARALLEL, TABLE, M16, true>(p, stream);
   }
   launch_kernel<D, PAGES, PARALLEL, TABLE, M16, false>(p, stream);
 }
