@@ -244,16 +244,14 @@ constexpr int smem_bytes() {
 // stage (H200: split tables 0.4-1.9 % faster; work lists, the ragged and merge-CTA grids, up to 2.8 %, geometric
 // mean over the Qwen3-8B shapes -0.4 %). Not in the kernel without a work list or table (the ragged one-wave grids
 // lost 1.5-2.6 % when they ran there, for a reason not found). Needs load_pages called for k = 0, 1, ..
-// STREAMS (g <= 4): two softmax streams per warp, see below: about 30 instructions fewer per warp stage at d = 128
-// (half the logits, exponentials and running sums per lane); with kMaxHeadroom and the combine's per-head weights,
-// large calls 3.4-5.1 % faster (H200). Launched for splits of >= kInt2StreamsMinChunk tokens (p.int2_streams): on
-// shorter ones the streams' setup and doubled states outweigh the loop's savings.
-// PACK (g <= 4, the batch-1 kernels, where the streams make the staged loop spill and ran 8 % slower): the free mma
-// columns take the query's lo terms instead (see below): half the Q.K products and half the per-lane softmax work,
-// for two shuffles per tile and one per P fragment; 869 -> 759 instructions per warp loop at d = 128, and H200
-// batch 1 / 100K 29.3 -> 28.2 us, 128K 34.0 -> 32.6, every parallel-merge call of five geometries 0-5 % faster.
+// PACK (g <= 4): the free mma columns take the query's lo terms (see below): half the Q.K products and half the
+// per-lane softmax work, for two shuffles per tile and one per P fragment. In the batch-1 kernels 869 -> 759
+// instructions per warp loop at d = 128 (H200: batch 1 / 100K 29.3 -> 28.2 us, 128K 34.0 -> 32.6); in the others it
+// replaced two softmax streams per warp (tile 2j + u of a stage in columns 4u .. 4u + 3, two online softmaxes merged
+// at the end), which halved the softmax work but not the products, and made the staged loop spill: 766 -> 742 per
+// warp loop (split tables, d = 128), Qwen3-8B uniform calls 1.5 % and ragged ones 1.9 % faster (geometric means).
 template <int D, bool PAIRED, bool SPEC = false, bool STAGED = false, bool M16 = false, bool BLOCKS = false,
-          bool STREAMS = false, bool PACK = false>
+          bool PACK = false>
 __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* ring, int b, int kv, int t_begin,
                          int t_end, const int (*spec_pages)[Int2Geom<D>::TILES] = nullptr) {
   using G = Int2Geom<D>;
@@ -264,14 +262,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   const int g = p.group;
   const float logit_factor = p.softmax_scale * kLog2e;
   const Exponents ex;
-  // Streams: with two, the 8 mma columns hold the g <= 4 heads twice; tile 2j + u of a stage is stream u's, in
-  // columns 4u .. 4u + 3, and lane (gid, tq) keeps the softmax of stream st = tq / 2 (columns 2tq, 2tq + 1).
-  // The streams are two online softmaxes over disjoint tokens, merged with the warps' states at the end.
-  static_assert(!STREAMS || TILES % 2 == 0, "two streams take the tiles in pairs");
-  static_assert(!(STREAMS && PACK), "the streams and the packed terms both take columns 4-7");
-  constexpr int NS = STREAMS ? 2 : 1, MY = TILES / NS;  // streams; tiles per stage whose softmax a lane does
-  const int st = STREAMS ? tq / 2 : 0;
-  const int head = STREAMS || PACK ? gid % 4 : gid;  // query head of mma column gid
+  const int head = PACK ? gid % 4 : gid;  // query head of mma column gid
   // PACK (g <= 4): the query's hi term of head h in mma column h, its lo term in column h + 4, so one Q.K product per
   // k step serves both terms; lanes tq and tq ^ 2 then swap halves, and lane (gid, tq) keeps token row gid + 8 (tq / 2)
   // of heads 2 (tq % 2), 2 (tq % 2) + 1: two logits, exponentials and running sums per tile instead of four.
@@ -353,7 +344,6 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   // This lane's table [k, meta, v] (written and read by this lane only).
   uint32_t* lane_tbl = reinterpret_cast<uint32_t*>(ring + G::RING_BYTES + warp * G::TABLE_BYTES) + lane;
   lane_offsets<D, M16>(lane, lane_tbl[0], lane_tbl[32], lane_tbl[64]);
-  lane_tbl[32] += st * G::TILE_BYTES;  // the metadata rows of this lane's stream tile
   if (PACK && !low) lane_tbl[32] += 8 * MB;  // PACK: the metadata row of this lane's token row
   constexpr int NMAT = 2 * NX, LDM = NMAT >= 4 ? 4 : 2, NLDM = NMAT / LDM;  // V: 8x8 matrices, per ldmatrix
   const uint32_t wring_smem = static_cast<uint32_t>(__cvta_generic_to_shared(wring));
@@ -566,12 +556,6 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
   const float qsum0 = __shfl_sync(0xffffffffu, qsum_own, qh * 4) * qscale;
   const float qsum1 = __shfl_sync(0xffffffffu, qsum_own, (qh + 1) * 4) * qscale;
   const float qscale_lo = qscale * (1.f / 256.f), qbias = -kAccBiasBoth * qscale;
-  // Two streams: the factors of tile 2j's and 2j + 1's sums (this lane's tile's, the other's 0), and the 0/1
-  // factor that keeps column gid's P weights in tile 2j's and 2j + 1's P.V products.
-  const float own_hi[2] = {st == 0 ? qscale : 0.f, st == 1 ? qscale : 0.f};
-  const float own_lo[2] = {st == 0 ? qscale_lo : 0.f, st == 1 ? qscale_lo : 0.f};
-  // (0 or 16, from the constant word, over 16: a multiply, an FMA-pipe IMAD, where a known 0/1 would become a SEL.)
-  const uint32_t col_own[2] = {(gid < 4 ? ex.times16 : 0u) / 16u, (gid < 4 ? 0u : ex.times16) / 16u};
   const int32_t bias[4] = {kAccBias, kAccBias, kAccBias, kAccBias};
   for (int k = 0; k < nsteps; ++k) {
     if constexpr (STAGED) {
@@ -634,16 +618,14 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
             }
         }
       }
-      // This lane's logits: s[j] of tile NS j + st (rows gid, gid + 8; heads 2tq, 2tq + 1 of its stream), minus
-      // the running reference (log2 domain), with the stage max per head. Two streams: tile 2j's sums sit in
-      // columns 0-3 and tile 2j + 1's in columns 4-7 of the pair's products; the FFMAs take this lane's
-      // (the other tile's terms by a zero factor).
-      // PACK: s[j][0..1], row gid + 8 (tq / 2), from this lane's hi or lo half and the partner's (lane tq ^ 2).
+      // This lane's logits: s[j] of tile j (rows gid, gid + 8; heads 2tq, 2tq + 1), minus the running reference (log2
+      // domain), with the stage max per head. PACK: s[j][0..1], row gid + 8 (tq / 2) of heads 2 (tq % 2), +1, from
+      // this lane's hi or lo half and the partner's (lane tq ^ 2).
       constexpr int NE = PACK ? 2 : 4, NR = PACK ? 1 : 2;  // logits and token rows per tile and lane
-      float s[MY][NE];
-      float4 meta[MY][NR];
+      float s[TILES][NE];
+      float4 meta[TILES][NR];
 #pragma unroll
-      for (int j = 0; j < MY; ++j) {
+      for (int j = 0; j < TILES; ++j) {
         if constexpr (PACK) {
           // Lane tq < 2 holds the hi sums (rows gid, gid + 8), lane tq ^ 2 the lo sums of the same heads: each sends
           // the row it does not keep. (hi first: that FMA is exact, see kAccBias.)
@@ -655,24 +637,14 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
           s[j][1] = __fmaf_rn(__int_as_float(lo1), qscale_lo, __fmaf_rn(__int_as_float(hi1), qscale, qbias));
         } else {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            if constexpr (STREAMS) {
-              const int32_t(&a0)[2][4] = acc[2 * j], (&a1)[2][4] = acc[2 * j + 1];
-              s[j][i] = __fmaf_rn(__int_as_float(a0[1][i]), own_lo[0],
-                                  __fmaf_rn(__int_as_float(a0[0][i]), own_hi[0],
-                                            __fmaf_rn(__int_as_float(a1[1][i]), own_lo[1],
-                                                      __fmaf_rn(__int_as_float(a1[0][i]), own_hi[1], qbias))));
-            } else {
-              s[j][i] = __fmaf_rn(__int_as_float(acc[j][1][i]), qscale_lo,
-                                  __fmaf_rn(__int_as_float(acc[j][0][i]), qscale, qbias));
-            }
-          }
+          for (int i = 0; i < 4; ++i)
+            s[j][i] = __fmaf_rn(__int_as_float(acc[j][1][i]), qscale_lo,
+                                __fmaf_rn(__int_as_float(acc[j][0][i]), qscale, qbias));
         }
-        // lane_tbl[32] holds this lane's stream tile offset (two streams: st tiles).
-        const uint8_t* tb = buf + NS * j * G::TILE_BYTES + lane_tbl[32];
+        const uint8_t* tb = buf + j * G::TILE_BYTES + lane_tbl[32];
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
-          const int tok = tile_start(k, NS * j + st) + tile_token(gid + 8 * (PACK ? !low : r));
+          const int tok = tile_start(k, j) + tile_token(gid + 8 * (PACK ? !low : r));
           float4 mt;
           if constexpr (M16) {
             const uint2 h = *reinterpret_cast<const uint2*>(tb + r * 8 * MB);
@@ -687,10 +659,10 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       float bmax0, bmax1;
       const float neg_m0 = -m0, neg_m1 = -m1;
 #pragma unroll
-      for (int j = 0; j < MY; ++j) {
+      for (int j = 0; j < TILES; ++j) {
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
-          const int tok = tile_start(k, NS * j + st) + tile_token(gid + 8 * (PACK ? !low : r));
+          const int tok = tile_start(k, j) + tile_token(gid + 8 * (PACK ? !low : r));
           const float4 mt = meta[j][r];
           const bool valid = FULL || tok < t_end;
           s[j][2 * r + 0] = valid ? fmaf(mt.x, fmaf(-mt.y, qsum0, s[j][2 * r + 0]), neg_m0) : -INFINITY;
@@ -701,27 +673,25 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       }
       // The max over the 16 token rows (lanes gid) is only needed when some lane's logits exceed the
       // running reference: after the first stages that is rare, and the shuffles stay off the common path.
-      // A computed stage has a valid token (its tile 0 starts before t_end), so the stage max is finite; with
-      // two streams, stream 1's tiles of the last stage may have none (its max is -inf; `first` then stays).
+      // A computed stage has a valid token (its tile 0 starts before t_end), so the stage max is finite.
       if (__any_sync(0xffffffffu, first || bmax0 > 0.f || bmax1 > 0.f)) {
 #pragma unroll
         for (int off = PACK ? 2 : 4; off < 32; off *= 2) {  // (PACK: the rows of lane tq ^ 2 too)
           bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
           bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
         }
-        const bool seen = !STREAMS || bmax0 > -INFINITY;
         // m moves up by delta >= 0 to kMaxHeadroom above the stage max where that passed it (the first stage:
         // from the placeholder 0).
-        const float delta0 = seen && (first || bmax0 > 0.f) ? bmax0 + kMaxHeadroom : 0.f;
-        const float delta1 = seen && (first || bmax1 > 0.f) ? bmax1 + kMaxHeadroom : 0.f;
+        const float delta0 = first || bmax0 > 0.f ? bmax0 + kMaxHeadroom : 0.f;
+        const float delta1 = first || bmax1 > 0.f ? bmax1 + kMaxHeadroom : 0.f;
         const float corr0 = first ? 1.f : exp2f(-delta0), corr1 = first ? 1.f : exp2f(-delta1);
-        first = first && !seen;
+        first = false;
         m0 += delta0, m1 += delta1;
         l0 *= corr0, l1 *= corr1, w0 *= corr0, w1 *= corr1, wz0 *= corr0, wz1 *= corr1;
 #pragma unroll
         for (int i = 0; i < G::MT; ++i) o[i][0] *= corr0, o[i][1] *= corr1, o[i][2] *= corr0, o[i][3] *= corr1;
 #pragma unroll
-        for (int j = 0; j < MY; ++j)
+        for (int j = 0; j < TILES; ++j)
 #pragma unroll
           for (int i = 0; i < NE; i += 2) s[j][i] -= delta0, s[j][i + 1] -= delta1;
       }
@@ -758,7 +728,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
         }
       };
 #pragma unroll
-      for (int j = 0; j < MY; ++j) {
+      for (int j = 0; j < TILES; ++j) {
         uint32_t pb[2];
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
@@ -778,13 +748,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
             pb[r] = transpose_8x8_b16(wh);  // -> (k slots 2tq, 2tq+1 [+8]; column gid)
           }
         }
-        if constexpr (STREAMS) {
-          // Column gid holds tile 2j's weights (gid < 4) or tile 2j + 1's: each tile's product keeps its columns.
-          pv(2 * j, pb[0] * col_own[0], pb[1] * col_own[0]);
-          pv(2 * j + 1, pb[0] * col_own[1], pb[1] * col_own[1]);
-        } else {
-          pv(j, pb[0], pb[1]);
-        }
+        pv(j, pb[0], pb[1]);
       }
     };
     if (tile_start(k, TILES - 1) + 16 <= t_end)
@@ -805,10 +769,9 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
     wz1 += __shfl_xor_sync(0xffffffffu, wz1, off);
   }
   __syncthreads();  // the rings alias sh
-  // Slots 2tq, 2tq + 1 of the warp's state: heads 2tq, 2tq + 1, or with two streams stream st's heads
-  // 2tq - 4 st, 2tq + 1 - 4 st (slot = head + 4 st).
+  // Slots 2tq, 2tq + 1 of the warp's state: heads 2tq, 2tq + 1 (PACK: lanes tq < 2 hold them, as after the sums).
   const int h0 = 2 * tq, h1 = 2 * tq + 1;
-  const bool live0 = (STREAMS ? h0 % 4 : h0) < g, live1 = (STREAMS ? h1 % 4 : h1) < g;
+  const bool live0 = h0 < g, live1 = h1 < g;
 #pragma unroll
   for (int mt = 0; mt < G::MT; ++mt) {
     const int xi = mt / 4, fp = 2 * (mt % 4);
@@ -824,7 +787,7 @@ __device__ void int2_cta(const PagedDecodeParams& p, CtaShared<D>& sh, uint8_t* 
       sh.o[warp][h1][ch1] = o[mt][3] - fmaf(off1, w1, wz1);
     }
   }
-  if (first) m0 = m1 = -INFINITY;  // no stage: an empty warp or stream (l = 0, o = 0)
+  if (first) m0 = m1 = -INFINITY;  // no stage: an empty warp (l = 0, o = 0)
   if (gid == 0) {
     if (live0) sh.m[warp][h0] = m0, sh.l[warp][h0] = l0;
     if (live1) sh.m[warp][h1] = m1, sh.l[warp][h1] = l1;
@@ -1480,15 +1443,14 @@ enum class Int2Pages { none, small, paired };
 // was 2.5-4 % slower in one kernel). TABLE (not with PARALLEL): INT2 splits from p.int2_split_table, a
 // kernel of its own for the same reason (batch 64 / 8K 133 -> 138 us with the table read in every kernel).
 // M16: fp16 INT2 metadata (p.int2_metadata_fp16; paired pages only).
-// STREAMS (g <= 4): two softmax streams in the INT2 warps, or with PARALLEL both query terms in one Q.K product
-// (int2_cta's PACK).
+// PACK (g <= 4): both query terms in one Q.K product (see int2_cta).
 // WORK (not with PARALLEL or TABLE): the CTAs take their shares from p.work, a kernel of its own so that the grids
 // without a work list keep their code (in one kernel, ragged 64 / 8K and 32 / 8K ran 1.9-2.4 % slower).
 // MERGE_PARTS > 0 (with WORK, p.merge_flags): a CTA flags its partial and exits; the grid's last p.work_merge_ctas CTAs
 // merge (merge_flagged), MERGE_PARTS per pair (p.merge_cta_parts). Kernels of their own, so that the others keep their
 // code (when added, the other 72 kernels' SASS was unchanged), one per MERGE_PARTS (with both merges in one kernel,
 // ptxas spilled in its INT2 loop: two loads from the stack per step at d = 128).
-template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK, int MERGE_PARTS = 0>
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool PACK, bool WORK, int MERGE_PARTS = 0>
 __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_decode_kernel(const PagedDecodeParams p) {
   constexpr bool HAS_INT2 = PAGES != Int2Pages::none, MERGE_CTAS = MERGE_PARTS > 0;
   // 128-byte aligned: with the static is_last below, a 16-byte alignment put the dynamic base 16 bytes past a
@@ -1581,8 +1543,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   __syncthreads();
   if (t_begin < t_end) {
     if (int2)
-      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16, TABLE || WORK, STREAMS && !PARALLEL,
-               STREAMS && PARALLEL>(p, sh, smem, b, kv, t_begin, t_end, spec);
+      int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16, TABLE || WORK, PACK>(p, sh, smem, b, kv, t_begin,
+                                                                                           t_end, spec);
     else
       bf16_warp<D, PARALLEL || TABLE, !HAS_INT2 || TABLE || (WORK && MERGE_PARTS <= 1)>(p, sh, b, kv, t_begin, t_end);
   }
@@ -1594,30 +1556,25 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     const volatile int* id = identity;
     pair = id[0], split = id[1], count = id[2], int2 = id[3] != 0;
   }
-  // Combine the warps' states; write this split's partial. States per head: one per warp, and with two INT2
-  // streams a second per warp in slot h + 4. Eight lanes per head (warps 0-1) turn its states' m into the weights
-  // exp2(m - max) / den by shuffles and write the split's LSE; then every output float4 is one weighted sum.
+  // Combine the warps' states (one per warp and head); write this split's partial. Eight lanes per head (warps 0-1)
+  // turn its states' m into the weights exp2(m - max) / den by shuffles and write the split's LSE; then every output
+  // float4 is one weighted sum.
   const size_t part = (size_t)pair * S + split;
   float* out = p.partial_out + part * g * D;
-  constexpr int NSTATE = STREAMS && !PARALLEL ? 2 * kDecodeWarps : kDecodeWarps;
-  static_assert(NSTATE <= 8 && kGroup * 8 <= kThreads, "eight lanes per head");
-  const int nstate = int2 ? NSTATE : kDecodeWarps;
-  // State w of head h: warp w % kDecodeWarps, slot h (w < kDecodeWarps) or h + 4 (the warp's second stream).
-  auto slot = [](int w, int h) { return h + 4 * (w / kDecodeWarps); };
-  auto state_m = [&](int w, int h) -> float& { return sh.m[w % kDecodeWarps][slot(w, h)]; };
+  static_assert(kDecodeWarps <= 8 && kGroup * 8 <= kThreads, "eight lanes per head");
   if ((int)threadIdx.x < kGroup * 8) {  // whole warps: the shuffles below take every lane
     const int h = threadIdx.x / 8, w = threadIdx.x % 8;
-    const bool live = h < g && w < nstate;
-    const float m = live ? state_m(w, h) : -INFINITY;
+    const bool live = h < g && w < kDecodeWarps;
+    const float m = live ? sh.m[w % kDecodeWarps][h] : -INFINITY;
     float mx = m;
 #pragma unroll
     for (int off = 1; off < 8; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     const float e = live && mx != -INFINITY ? exp2f(m - mx) : 0.f;
-    float den = live ? e * sh.l[w % kDecodeWarps][slot(w, h)] : 0.f;
+    float den = live ? e * sh.l[w % kDecodeWarps][h] : 0.f;
 #pragma unroll
     for (int off = 1; off < 8; off *= 2) den += __shfl_xor_sync(0xffffffffu, den, off);
     const float inv = den > 0.f ? 1.f / den : 0.f;
-    if (live) state_m(w, h) = e * inv;
+    if (live) sh.m[w % kDecodeWarps][h] = e * inv;
     if (w == 0 && h < g) p.partial_lse2[part * g + h] = den > 0.f ? mx + log2f(den) : -INFINITY;
   }
   __syncthreads();
@@ -1625,9 +1582,7 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
     const int h = 4 * i / D, c = 4 * i % D;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int w = 0; w < NSTATE; ++w)
-      if (w < nstate)
-        fma4(state_m(w, h), *reinterpret_cast<const float4*>(&sh.o[w % kDecodeWarps][slot(w, h)][c]), v);
+    for (int w = 0; w < kDecodeWarps; ++w) fma4(sh.m[w][h], *reinterpret_cast<const float4*>(&sh.o[w][h][c]), v);
     *reinterpret_cast<float4*>(out + 4 * i) = v;
   }
   if (!p.merge_counters) return;
@@ -1661,10 +1616,10 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   if (threadIdx.x == 0) p.merge_counters[pair] = 0u;
 }
 
-template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS, bool WORK, int MERGE_PARTS = 0>
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool PACK, bool WORK, int MERGE_PARTS = 0>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   static const bool configured = [] {
-    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, WORK, MERGE_PARTS>,
+    cudaFuncSetAttribute(paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, PACK, WORK, MERGE_PARTS>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<D>());
     return true;
   }();
@@ -1672,31 +1627,28 @@ void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   const int pairs = p.batch * p.num_kv_heads;
   const unsigned ctas = WORK ? (unsigned)(p.work_ctas + (MERGE_PARTS > 0 ? p.work_merge_ctas : 0))
                              : (unsigned)(pairs * (p.splits_total() + p.merge_parts));
-  paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, WORK, MERGE_PARTS><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
+  paged_decode_kernel<D, PAGES, PARALLEL, TABLE, M16, PACK, WORK, MERGE_PARTS><<<ctas, kThreads, smem_bytes<D>(), stream>>>(p);
 }
-template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool STREAMS>
+template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16, bool PACK>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   if constexpr (!PARALLEL && !TABLE && PAGES != Int2Pages::none) {
     if (p.work && p.merge_flags) {
       constexpr int PARTS = merge_cta_parts_max<D>();
-      if (p.merge_cta_parts == PARTS) return launch_kernel<D, PAGES, false, false, M16, STREAMS, true, PARTS>(p, stream);
-      return launch_kernel<D, PAGES, false, false, M16, STREAMS, true, 1>(p, stream);
+      if (p.merge_cta_parts == PARTS) return launch_kernel<D, PAGES, false, false, M16, PACK, true, PARTS>(p, stream);
+      return launch_kernel<D, PAGES, false, false, M16, PACK, true, 1>(p, stream);
     }
   }
   if constexpr (!PARALLEL && !TABLE) {
-    if (p.work) return launch_kernel<D, PAGES, false, false, M16, STREAMS, true>(p, stream);
+    if (p.work) return launch_kernel<D, PAGES, false, false, M16, PACK, true>(p, stream);
   }
-  launch_kernel<D, PAGES, PARALLEL, TABLE, M16, STREAMS, false>(p, stream);
+  launch_kernel<D, PAGES, PARALLEL, TABLE, M16, PACK, false>(p, stream);
 }
 
-// Two softmax streams in the INT2 loop when asked (int2_streams) and the heads fit twice in the 8 mma columns (and
-// there is an INT2 tier; not in the batch-1 kernels, whose staged loop spills with them: there the heads' lo query
-// terms take the free columns instead, whenever they fit).
+// The query's lo terms in the free mma columns where the heads fit twice in them (g <= 4; with an INT2 tier).
 template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   if constexpr (PAGES != Int2Pages::none) {
-    if (p.group <= 4 && (PARALLEL || p.int2_streams))
-      return launch_kernel<D, PAGES, PARALLEL, TABLE, M16, true>(p, stream);
+    if (p.group <= 4) return launch_kernel<D, PAGES, PARALLEL, TABLE, M16, true>(p, stream);
   }
   launch_kernel<D, PAGES, PARALLEL, TABLE, M16, false>(p, stream);
 }

@@ -22,9 +22,6 @@ constexpr int kInt2ChunkQuantum = 64;   // equal INT2 splits (int2_chunk): a mul
                                         // half a CTA step (its tiles past the end masked)
 constexpr int kBf16SplitQuantum = 128;  // BF16 tokens per split: a multiple of this (4 warps x 32)
 constexpr int kDecodeMaxTableSplits = 64;  // INT2 splits of a split table
-// Splits shorter than this take the INT2 loop with one softmax stream per warp (see int2_streams): H200, batch 8 / 8K
-// (1024-token splits) 36.0 -> 34.8 us without the streams, every split of >= 2048 tokens faster with them.
-constexpr int kInt2StreamsMinChunk = 2048;
 
 // One CTA's share of a work list (PagedDecodeParams::work): tokens [begin, end) of one tier of pair b * Hkv + kv,
 // written to partial slot `slot` of the pair's `count`; end is already clamped to the tier's length. A merge CTA's
@@ -54,8 +51,6 @@ struct PagedDecodeParams {
   const int32_t* int2_lengths = nullptr;  // [B] INT2 tokens per sequence
   int int2_splits = 0;                    // grid splits for the INT2 tier (with work: the most of any sequence)
   int int2_chunk = 0;                     // tokens per split, multiple of kInt2ChunkQuantum
-  bool int2_streams = true;               // two softmax streams per INT2 warp where the kernel has them (g <= 4,
-                                          // no merge_parts); the planner sets it for splits of >= kInt2StreamsMinChunk
 
   // BF16 tier (may be absent: bf16_splits = 0). Token order inside it is irrelevant to softmax.
   int bf16_page_size = 0;                 // tokens per page, multiple of 32

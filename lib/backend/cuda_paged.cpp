@@ -524,7 +524,6 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     const int parts = kernels::merge_cta_parts(g.head_dim);
     if (plan.merge_ctas && ragged && 2 * pairs * parts <= resident) plan.merge_cta_parts = parts;
   }
-  plan.int2_streams = plan.int2_chunk >= kernels::kInt2StreamsMinChunk;
   return plan;
 }
 
@@ -718,7 +717,6 @@ void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& 
   }
   p.int2_splits = plan.int2_splits;
   p.int2_chunk = plan.int2_chunk;
-  p.int2_streams = plan.int2_streams;
   p.bf16_page_size = g.bf16_page_size;
   p.bf16_keys = cache.bf16_keys.get();
   p.bf16_values = cache.bf16_values.get();

@@ -97,9 +97,6 @@ struct CudaDecodePlan {
   // INT2 split boundaries (int2_splits + 1 tokens, see plan_cuda_decode) for grids merged by the last CTA;
   // empty: int2_chunk tokens per split. int2_chunk is then the largest split (used by the parallel merge).
   std::vector<int> int2_split_start;
-  // Two softmax streams per INT2 warp (kernels::PagedDecodeParams::int2_streams): the planner's choice is
-  // int2_chunk >= kernels::kInt2StreamsMinChunk.
-  bool int2_streams = true;
   // Ragged batches merged by the last CTA: the INT2 tier as pieces of each sequence (one CTA per piece and KV head),
   // in the order the grid takes them; empty: int2_splits splits of int2_chunk tokens for every sequence. A sequence's
   // pieces tile its INT2 tokens from 0, each starting at a multiple of kInt2SplitQuantum (a sequence without INT2

@@ -46,10 +46,6 @@ struct DecodeCase {
   bool pieces_past_length = false;  // those pieces end at whole chunks, the last past the sequence's length
   MetadataType metadata = MetadataType::fp32;  // rounding of the INT2 (scale, zero)
   bool fp16_storage = false;                   // the fp16 metadata layout on the device (needs fp16 rounding)
-  // Two softmax streams in the INT2 loop (g <= 4): 0 / 1 forced off / on; -1 the planner's choice (splits of
-  // >= kInt2StreamsMinChunk tokens), except with a forced chunk or split table, which test the loop's boundaries
-  // and take the streams.
-  int streams = -1;
   // Grids merged in the grid: 0 / 1 the last-CTA merge / merge CTAs forced; -1 the planner's choice.
   int merge_ctas = -1;
   int merge_cta_parts = 0;  // > 0: merge CTAs per pair forced (1 or merge_cta_parts(d)); 0 the planner's choice
@@ -130,10 +126,6 @@ std::vector<float> run_case(const DecodeCase& c, CudaPagedDecoder* shared = null
     plan.bf16_chunk = c.force_bf16_chunk;
     plan.bf16_splits = (dev.max_bf16_length + plan.bf16_chunk - 1) / plan.bf16_chunk;
   }
-  if (c.streams >= 0)
-    plan.int2_streams = c.streams == 1;
-  else if (c.force_int2_chunk > 0 || !c.split_starts.empty())
-    plan.int2_streams = true;
   EXPECT_GE(plan.int2_splits, c.expect_min_int2_splits) << c.label;
   if (c.expect_planned_table)
     EXPECT_EQ(plan.int2_split_start.size(), static_cast<size_t>(plan.int2_splits) + 1) << c.label << ": no split table";
@@ -180,15 +172,14 @@ std::vector<float> run_case(const DecodeCase& c, CudaPagedDecoder* shared = null
 }
 
 TEST(PagedDecode, ContextLengthsAroundPageBoundaries) {
-  // Planned as one short split (no softmax streams: batch 1 takes the parallel merge) and forced through the
-  // last-CTA merge kernels with the streams on, whose second stream has no token in a range's last stage here.
+  // Planned as one short split (batch 1 takes the parallel merge, register-staged loop) and forced through the
+  // last-CTA merge kernels (cp.async loop); both with the lo query terms in the free columns at g = 4.
   for (int n : {1, 63, 64, 65, 127, 129, 1000})
-    for (int streams : {-1, 1}) {
-      const std::string s = streams == 1 ? ", streams" : "";
+    for (bool parallel : {true, false}) {
+      const std::string s = parallel ? "" : ", last-CTA merge";
       DecodeCase a{128, 4, 2, {n}, {0}, 64, 64, 4, true, "int2 only, n=" + std::to_string(n) + s};
       DecodeCase b{128, 4, 2, {n}, {n}, 64, 64, 4, true, "int2+bf16, n=" + std::to_string(n) + s};
-      a.streams = b.streams = streams;
-      a.parallel_merge = b.parallel_merge = streams == -1;
+      a.parallel_merge = b.parallel_merge = parallel;
       run_case(a);
       run_case(b);
     }
@@ -499,7 +490,8 @@ TEST(PagedDecode, ChunksOfHalfSteps) {
   // Equal splits in multiples of kInt2ChunkQuantum (64) rather than of a CTA step (128 tokens, 256 at d = 64): splits
   // start mid-step and end in a half (at d = 64 a quarter) step. Each case runs twice: merged in parallel (the
   // register-staged kernels, whose warps share the q fragments' conversion; the grid must fit one wave), then by the
-  // last CTA (the cp.async kernels, with two softmax streams at g = 4); pages of 16 tokens at d = 128.
+  // last CTA (the cp.async kernels); both with the lo query terms in the free mma columns at g = 4; pages of 16 tokens
+  // at d = 128.
   for (int dim : {64, 128, 256})
     for (int chunk : {64, 192, 2112}) {
       // (One KV head at d = 256: its 32 merge CTAs per pair at g = 4 and the splits must all be resident at once, at two
