@@ -9,8 +9,8 @@
 // Q.K on int8 tensor cores (m16n8k32, codes unsigned, query signed, exact int32 sums): one AND per 4
 // codes puts each byte's code of one quarter at bits 4-5 or 6-7, i.e. 16c or 64c as an unsigned int8
 // (two quarters from the word, two from the word times 16, an IMAD on the FMA pipe); the query is two
-// int8 terms per channel (see int2_cta), each term its own accumulator (in the batch-1 kernels at g <= 4 one
-// product holds both, int2_cta's PACK).
+// int8 terms per channel (see int2_cta), each term its own accumulator (at g <= 4 one product holds both,
+// int2_cta's PACK).
 // P.V on fp16 tensor cores (m16n8k16, fp32 accumulate): a code at mantissa bits 6-7 or 8-9 of a half
 // with exponent 16 or 4 reads as (16 + c) or (4 + c) exactly (one LOP3 per two codes); one byte swap
 // and a multiply by 16 (IMAD) per 32-bit pair-word bring its 16 codes to such positions (offsets <= 16,
