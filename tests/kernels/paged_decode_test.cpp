@@ -526,13 +526,17 @@ TEST(PagedDecode, ParallelMergeRoundsAndLastCtaMerge) {
 }
 
 TEST(PagedDecode, LoQueryTermsInTheFreeMmaColumns) {
-  // Batch-1 grids (the parallel merge) at g <= 4 put each head's lo query term in mma column h + 4 and split a tile's
-  // token rows between lanes tq and tq ^ 2 (int2_cta's PACK): g = 1 to 4 at every head dim, and 16-token pages.
+  // At g <= 4 every kernel puts each head's lo query term in mma column h + 4 and splits a tile's token rows between
+  // lanes tq and tq ^ 2 (int2_cta's PACK): g = 1 to 4 at every head dim, through the parallel merge (register-staged
+  // loop) and the last-CTA merge (cp.async loop), and 16-token pages.
   for (int d : {64, 128, 256})
     for (int g : {1, 2, 3, 4}) {
       DecodeCase c{d, g, d == 256 ? 1 : 2, {2500}, {100}, 64, 64, 4, true,
                    "d=" + std::to_string(d) + " g=" + std::to_string(g)};
       c.expect_parallel_merge = true;
+      run_case(c);
+      c.expect_parallel_merge = false, c.parallel_merge = false, c.merge_ctas = 0;
+      c.label += ", last-CTA merge";
       run_case(c);
     }
   DecodeCase c{128, 4, 2, {777}, {0}, 16, 64, 4, true, "pages of 16, no BF16 tier"};
