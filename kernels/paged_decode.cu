@@ -825,7 +825,7 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
 // path keep the blocks: there the balanced loop changes ptxas's code for the INT2 loop, and the calls they serve,
 // whose BF16 share is small, ran 1-3 % slower (ragged 8 / 32K - 8 / 128K with four merge CTAs per pair; in the work
 // lists ragged 32 / 32K pays 1.1-1.2 % of this).
-template <int D, bool PREFETCH_KEYS, bool BALANCED>
+template <int D, bool PREFETCH_KEYS, bool BALANCED, bool PACK = false>
 __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, int kv, int t_begin, int t_end) {
   constexpr int CHUNKS = D / 16, KV4 = D / 32, MT = D / 16, VW = D / 64;  // VW: uint4 per row per lane in P.V
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -840,11 +840,12 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
               warp * CHUNKS * 2 * 32;
   {
     const float scale = p.softmax_scale * kLog2e;
-    const float* q = p.queries + ((size_t)b * p.num_kv_heads * g + (size_t)kv * g + gid) * D;
+    const int head = PACK ? gid % 4 : gid;
+    const float* q = p.queries + ((size_t)b * p.num_kv_heads * g + (size_t)kv * g + head) * D;
 #pragma unroll
     for (int c = 0; c < KV4; ++c) {
       float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-      if (gid < g) {
+      if (head < g) {
         x0 = *reinterpret_cast<const float4*>(q + 32 * c + 8 * tq);
         x1 = *reinterpret_cast<const float4*>(q + 32 * c + 8 * tq + 4);
       }
@@ -853,15 +854,20 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
       split_bf16x2(x0.z * scale, x0.w * scale, h0.y, l0.y);
       split_bf16x2(x1.x * scale, x1.y * scale, h1.x, l1.x);
       split_bf16x2(x1.z * scale, x1.w * scale, h1.y, l1.y);
-      qf[(4 * c + 0) * 32 + lane] = h0, qf[(4 * c + 1) * 32 + lane] = l0;
-      qf[(4 * c + 2) * 32 + lane] = h1, qf[(4 * c + 3) * 32 + lane] = l1;
+      if constexpr (PACK) {  // column gid: head gid's hi term, or (gid >= 4) head gid - 4's lo term
+        qf[(4 * c + 0) * 32 + lane] = gid < 4 ? h0 : l0, qf[(4 * c + 2) * 32 + lane] = gid < 4 ? h1 : l1;
+      } else {
+        qf[(4 * c + 0) * 32 + lane] = h0, qf[(4 * c + 1) * 32 + lane] = l0;
+        qf[(4 * c + 2) * 32 + lane] = h1, qf[(4 * c + 3) * 32 + lane] = l1;
+      }
     }
     __syncwarp();
   }
   float o[MT][4];
 #pragma unroll
   for (int i = 0; i < MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads 2tq, 2tq + 1
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads 2tq, 2tq + 1 (PACK: 2 (tq % 2), + 1)
+  const bool low = tq < 2;  // PACK: this lane keeps token row gid (else gid + 8)
 
   // One 16-token tile (tokens [tile, tile + 16), rows from row0 in the pool) into the running state.
   auto attend_tile = [&](size_t row0, int tile) {
@@ -876,10 +882,57 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
         const uint2 h0 = qf[(4 * c + 0) * 32 + lane], l0 = qf[(4 * c + 1) * 32 + lane];
         const uint2 h1 = qf[(4 * c + 2) * 32 + lane], l1 = qf[(4 * c + 3) * 32 + lane];
         mma_bf16_16816(s, ka.x, kb.x, ka.y, kb.y, h0.x, h0.y);
-        mma_bf16_16816(s_lo, ka.x, kb.x, ka.y, kb.y, l0.x, l0.y);
+        if constexpr (!PACK) mma_bf16_16816(s_lo, ka.x, kb.x, ka.y, kb.y, l0.x, l0.y);
         mma_bf16_16816(s, ka.z, kb.z, ka.w, kb.w, h1.x, h1.y);
-        mma_bf16_16816(s_lo, ka.z, kb.z, ka.w, kb.w, l1.x, l1.y);
+        if constexpr (!PACK) mma_bf16_16816(s_lo, ka.z, kb.z, ka.w, kb.w, l1.x, l1.y);
       }
+    }
+    if constexpr (PACK) {
+      // Lane tq < 2 holds the hi products (rows gid, gid + 8), lane tq ^ 2 the lo ones: each sends the row it does not
+      // keep; then s[0..1] is row gid + 8 (tq / 2) of heads 2 (tq % 2), + 1.
+      const float r0 = __shfl_xor_sync(0xffffffffu, low ? s[2] : s[0], 2);
+      const float r1 = __shfl_xor_sync(0xffffffffu, low ? s[3] : s[1], 2);
+      const bool valid = tile + gid + (low ? 0 : 8) < t_end;
+      const float x0 = valid ? (low ? s[0] + r0 : r0 + s[2]) : -INFINITY;
+      const float x1 = valid ? (low ? s[1] + r1 : r1 + s[3]) : -INFINITY;
+      float bmax0 = x0, bmax1 = x1;
+#pragma unroll
+      for (int off = 2; off < 32; off *= 2) {
+        bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
+        bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
+      }
+      const float mn0 = fmaxf(m0, bmax0), mn1 = fmaxf(m1, bmax1);  // finite: the tile's row 0 is valid
+      const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
+      m0 = mn0, m1 = mn1;
+      l0 *= corr0, l1 *= corr1;
+#pragma unroll
+      for (int i = 0; i < MT; ++i) o[i][0] *= corr0, o[i][1] *= corr1, o[i][2] *= corr0, o[i][3] *= corr1;
+      const float p0 = valid ? exp2f(x0 - m0) : 0.f, p1 = valid ? exp2f(x1 - m1) : 0.f;
+      l0 += p0, l1 += p1;
+      // P^T's B fragments with the weights' hi terms in columns 0-3 and their lo terms in 4-7: block 0 (rows gid) from
+      // lane tq < 2's hi and its partner's lo, block 1 (rows gid + 8) from the partner's hi and lane tq >= 2's lo.
+      uint32_t hi, lo;
+      split_bf16x2(p0, p1, hi, lo);
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, low ? lo : hi, 2);
+      const uint32_t pb0 = transpose_8x8_b16(low ? hi : got), pb1 = transpose_8x8_b16(low ? got : lo);
+#pragma unroll
+      for (int w = 0; w < VW; ++w) {
+        uint4 v[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int tr = 2 * tq + (r & 1) + 8 * (r >> 1);
+          const uint4* vp = reinterpret_cast<const uint4*>(p.bf16_values + (row0 + tr) * D) + gid * VW + w;
+          v[r] = tile + tr < t_end ? __ldg(vp) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const uint32_t w0 = word(v[0], e), w1 = word(v[1], e), w2 = word(v[2], e), w3 = word(v[3], e);
+          const uint32_t a0 = __byte_perm(w0, w1, 0x5410), a1 = __byte_perm(w0, w1, 0x7632);
+          const uint32_t a2 = __byte_perm(w2, w3, 0x5410), a3 = __byte_perm(w2, w3, 0x7632);
+          mma_bf16_16816(o[4 * w + e], a0, a1, a2, a3, pb0, pb1);
+        }
+      }
+      return;
     }
     const bool valid0 = tile + gid < t_end, valid1 = tile + gid + 8 < t_end;
     s[0] = valid0 ? s[0] + s_lo[0] : -INFINITY;
@@ -993,11 +1046,18 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
       }
     }
   }
-  // Reduce l over the 16 token rows (gid); write this warp's state (o unnormalised, as the INT2 path).
+  // Reduce l over the 16 token rows (gid; PACK: and lane tq ^ 2's rows); write this warp's state (o unnormalised, as
+  // the INT2 path). PACK: columns 4-7 hold the lo terms' products of heads 0-3, added to columns 0-3.
 #pragma unroll
-  for (int off = 4; off < 32; off *= 2) {
+  for (int off = PACK ? 2 : 4; off < 32; off *= 2) {
     l0 += __shfl_xor_sync(0xffffffffu, l0, off);
     l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+  }
+  if constexpr (PACK) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) o[i][k] += __shfl_xor_sync(0xffffffffu, o[i][k], 2);
   }
   const int h0 = 2 * tq, h1 = 2 * tq + 1;
 #pragma unroll
@@ -1546,7 +1606,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
       int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16, TABLE || WORK, PACK>(p, sh, smem, b, kv, t_begin,
                                                                                            t_end, spec);
     else
-      bf16_warp<D, PARALLEL || TABLE, !HAS_INT2 || TABLE || (WORK && MERGE_PARTS <= 1)>(p, sh, b, kv, t_begin, t_end);
+      bf16_warp<D, PARALLEL || TABLE, !HAS_INT2 || TABLE || (WORK && MERGE_PARTS <= 1), PACK>(p, sh, b, kv, t_begin,
+                                                                                                t_end);
   }
   __syncthreads();
   // The CTA's identity, read back from shared memory rather than held through the loop, which then spills less (d =
@@ -1647,9 +1708,7 @@ void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
 // The query's lo terms in the free mma columns where the heads fit twice in them (g <= 4; with an INT2 tier).
 template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
-  if constexpr (PAGES != Int2Pages::none) {
-    if (p.group <= 4) return launch_kernel<D, PAGES, PARALLEL, TABLE, M16, true>(p, stream);
-  }
+  if (p.group <= 4) return launch_kernel<D, PAGES, PARALLEL, TABLE, M16, true>(p, stream);
   launch_kernel<D, PAGES, PARALLEL, TABLE, M16, false>(p, stream);
 }
 
