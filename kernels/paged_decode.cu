@@ -825,6 +825,10 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
 // path keep the blocks: there the balanced loop changes ptxas's code for the INT2 loop, and the calls they serve,
 // whose BF16 share is small, ran 1-3 % slower (ragged 8 / 32K - 8 / 128K with four merge CTAs per pair; in the work
 // lists ragged 32 / 32K pays 1.1-1.2 % of this).
+// PACK (g <= 4): column h of the Q.K product holds head h's hi query term, column h + 4 its lo term, and the P.V
+// product the weights' hi and lo terms the same way, as int2_cta's PACK: one product of each instead of two (the
+// BF16-only loop 412 -> 346 SASS instructions per tile at d = 128; H200, the BF16 decode 0.7 % faster, geometric
+// mean of nine shapes, 8 / 128K 1.9 %).
 template <int D, bool PREFETCH_KEYS, bool BALANCED, bool PACK = false>
 __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, int kv, int t_begin, int t_end) {
   constexpr int CHUNKS = D / 16, KV4 = D / 32, MT = D / 16, VW = D / 64;  // VW: uint4 per row per lane in P.V
@@ -1375,9 +1379,9 @@ __host__ __device__ constexpr int merge_cols() {  // output columns per merge CT
 }
 template <int D>
 __host__ __device__ constexpr int merge_cta_smem_floats(int splits) {
-  // R_V^T block [D, NC], split-group sums [threads / (D / 4), D / 4] float4, merged row [D], column
-  // partial sums [threads], split lse [S].
-  return D * merge_cols<D>() + 4 * kThreads + D + kThreads + splits;
+  // R_V^T block [D, NC], split-group sums [threads / (D / 4), D / 4] float4 (then the un-rotation's slice sums),
+  // merged row [D], split lse [S].
+  return D * merge_cols<D>() + 4 * kThreads + D + splits;
 }
 __device__ __forceinline__ void fma4_acc(float w, const float4& v, float4& a) {
   a.x = fmaf(w, v.x, a.x), a.y = fmaf(w, v.y, a.y), a.z = fmaf(w, v.z, a.z), a.w = fmaf(w, v.w, a.w);
@@ -1388,14 +1392,12 @@ __device__ void merge_cta(const PagedDecodeParams& p, uint8_t* smem, int m) {
   constexpr int Q4 = D / 4;           // float4 per output row
   constexpr int SG = kThreads / Q4;   // split groups: thread (sg, j) sums float4 j over splits sg + SG i
   constexpr int U = 16;               // loads in flight per thread
-  constexpr int TPC = kThreads / NC;  // threads per output column of the un-rotation
   const int g = p.group, S = p.int2_splits + p.bf16_splits, K = g * C;
   const int pair = m / K, part = m % K, h = part / C, c0 = (part % C) * NC;
   float* rot_s = reinterpret_cast<float*>(smem);              // [D, NC]: R_V^T[:, c0 .. c0 + NC)
   float4* red = reinterpret_cast<float4*>(rot_s + D * NC);    // [SG, Q4]
   float* merged = reinterpret_cast<float*>(red + SG * Q4);    // [D]
-  float* colsum = merged + D;                                 // [TPC, NC]
-  float* lse_s = colsum + kThreads;                           // [S]
+  float* lse_s = merged + D;                                  // [S]
   const int tid = threadIdx.x, lane = tid % 32;
   const bool rotate = p.value_rotation_t != nullptr;
   if (rotate) {
@@ -1476,17 +1478,29 @@ __device__ void merge_cta(const PagedDecodeParams& p, uint8_t* smem, int m) {
     for (int c = tid; c < NC; c += kThreads) out[c] = merged[c0 + c];
     return;
   }
-  // out[c] = sum_i merged[i] R_V^T[i, c0 + c]: TPC threads per column, row blocks summed in order.
-  const int col = tid % NC, rb = tid / NC;
-  float a = 0.f;
-#pragma unroll 16
-  for (int i = rb * (D / TPC); i < (rb + 1) * (D / TPC); ++i) a = fmaf(merged[i], rot_s[i * NC + col], a);
-  colsum[rb * NC + col] = a;
+  // out[c] = sum_i merged[i] R_V^T[i, c0 + c]: thread (slice, quad) takes rows [slice R, +R) and columns [4 quad, +4)
+  // by float4 reads of the block and of the merged row, the slices' sums (in red) added in order. (A thread per column
+  // and half the rows, a chain of D / 2 FMAs behind two scalar shared loads each, took 0.48 us of the batch-1 merge's
+  // ~2.3, H200 trace.)
+  constexpr int QC = NC / 4, SL = kThreads / QC, R = D / SL;
+  static_assert(R % 4 == 0 && SL * QC == kThreads && SL * QC <= SG * Q4, "slice sums fit red");
+  const int quad = tid % QC, sl = tid / QC;
+  const float4* rot4 = reinterpret_cast<const float4*>(rot_s) + sl * R * QC + quad;
+  const float4* m4 = reinterpret_cast<const float4*>(merged) + sl * R / 4;
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int u = 0; u < R; u += 4) {
+    const float4 m = m4[u / 4];
+    fma4_acc(m.x, rot4[u * QC], a), fma4_acc(m.y, rot4[(u + 1) * QC], a);
+    fma4_acc(m.z, rot4[(u + 2) * QC], a), fma4_acc(m.w, rot4[(u + 3) * QC], a);
+  }
+  red[sl * QC + quad] = a;
   __syncthreads();
   if (tid < NC) {
+    const float* sums = reinterpret_cast<const float*>(red);
     float o = 0.f;
 #pragma unroll
-    for (int k = 0; k < TPC; ++k) o += colsum[k * NC + tid];
+    for (int k = 0; k < SL; ++k) o += sums[k * NC + tid];
     out[tid] = o;
   }
 }
@@ -1503,7 +1517,7 @@ enum class Int2Pages { none, small, paired };
 // was 2.5-4 % slower in one kernel). TABLE (not with PARALLEL): INT2 splits from p.int2_split_table, a
 // kernel of its own for the same reason (batch 64 / 8K 133 -> 138 us with the table read in every kernel).
 // M16: fp16 INT2 metadata (p.int2_metadata_fp16; paired pages only).
-// PACK (g <= 4): both query terms in one Q.K product (see int2_cta).
+// PACK (g <= 4): both query terms in one Q.K product (see int2_cta and bf16_warp).
 // WORK (not with PARALLEL or TABLE): the CTAs take their shares from p.work, a kernel of its own so that the grids
 // without a work list keep their code (in one kernel, ragged 64 / 8K and 32 / 8K ran 1.9-2.4 % slower).
 // MERGE_PARTS > 0 (with WORK, p.merge_flags): a CTA flags its partial and exits; the grid's last p.work_merge_ctas CTAs
@@ -1705,7 +1719,7 @@ void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   launch_kernel<D, PAGES, PARALLEL, TABLE, M16, PACK, false>(p, stream);
 }
 
-// The query's lo terms in the free mma columns where the heads fit twice in them (g <= 4; with an INT2 tier).
+// The query's lo terms in the free mma columns where the heads fit twice in them (g <= 4), in the INT2 and BF16 paths.
 template <int D, Int2Pages PAGES, bool PARALLEL, bool TABLE, bool M16>
 void launch_kernel(const PagedDecodeParams& p, cudaStream_t stream) {
   if (p.group <= 4) return launch_kernel<D, PAGES, PARALLEL, TABLE, M16, true>(p, stream);
