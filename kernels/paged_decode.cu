@@ -871,7 +871,6 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
 #pragma unroll
   for (int i = 0; i < MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads 2tq, 2tq + 1 (PACK: 2 (tq % 2), + 1)
-  const bool low = tq < 2;  // PACK: this lane keeps token row gid (else gid + 8)
 
   // One 16-token tile (tokens [tile, tile + 16), rows from row0 in the pool) into the running state.
   auto attend_tile = [&](size_t row0, int tile) {
@@ -891,61 +890,31 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
         if constexpr (!PACK) mma_bf16_16816(s_lo, ka.z, kb.z, ka.w, kb.w, l1.x, l1.y);
       }
     }
+    // This lane's logits x[r][0..1] of heads 2tq, 2tq + 1 (PACK: 2 (tq % 2), + 1) in its token rows: gid and gid + 8,
+    // or with PACK the one it keeps (gid + 8 (tq / 2)): lane tq < 2 holds the hi products, lane tq ^ 2 the lo ones,
+    // and each sends the row it does not keep.
+    constexpr int NR = PACK ? 1 : 2;
+    const bool low = tq < 2;
+    float x[NR][2];
+    bool valid[NR];
     if constexpr (PACK) {
-      // Lane tq < 2 holds the hi products (rows gid, gid + 8), lane tq ^ 2 the lo ones: each sends the row it does not
-      // keep; then s[0..1] is row gid + 8 (tq / 2) of heads 2 (tq % 2), + 1.
       const float r0 = __shfl_xor_sync(0xffffffffu, low ? s[2] : s[0], 2);
       const float r1 = __shfl_xor_sync(0xffffffffu, low ? s[3] : s[1], 2);
-      const bool valid = tile + gid + (low ? 0 : 8) < t_end;
-      const float x0 = valid ? (low ? s[0] + r0 : r0 + s[2]) : -INFINITY;
-      const float x1 = valid ? (low ? s[1] + r1 : r1 + s[3]) : -INFINITY;
-      float bmax0 = x0, bmax1 = x1;
+      valid[0] = tile + gid + (low ? 0 : 8) < t_end;
+      x[0][0] = valid[0] ? (low ? s[0] + r0 : r0 + s[2]) : -INFINITY;
+      x[0][1] = valid[0] ? (low ? s[1] + r1 : r1 + s[3]) : -INFINITY;
+    } else {
 #pragma unroll
-      for (int off = 2; off < 32; off *= 2) {
-        bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
-        bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
+      for (int r = 0; r < NR; ++r) {
+        valid[r] = tile + gid + 8 * r < t_end;
+        x[r][0] = valid[r] ? s[2 * r] + s_lo[2 * r] : -INFINITY;
+        x[r][1] = valid[r] ? s[2 * r + 1] + s_lo[2 * r + 1] : -INFINITY;
       }
-      const float mn0 = fmaxf(m0, bmax0), mn1 = fmaxf(m1, bmax1);  // finite: the tile's row 0 is valid
-      const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
-      m0 = mn0, m1 = mn1;
-      l0 *= corr0, l1 *= corr1;
-#pragma unroll
-      for (int i = 0; i < MT; ++i) o[i][0] *= corr0, o[i][1] *= corr1, o[i][2] *= corr0, o[i][3] *= corr1;
-      const float p0 = valid ? exp2f(x0 - m0) : 0.f, p1 = valid ? exp2f(x1 - m1) : 0.f;
-      l0 += p0, l1 += p1;
-      // P^T's B fragments with the weights' hi terms in columns 0-3 and their lo terms in 4-7: block 0 (rows gid) from
-      // lane tq < 2's hi and its partner's lo, block 1 (rows gid + 8) from the partner's hi and lane tq >= 2's lo.
-      uint32_t hi, lo;
-      split_bf16x2(p0, p1, hi, lo);
-      const uint32_t got = __shfl_xor_sync(0xffffffffu, low ? lo : hi, 2);
-      const uint32_t pb0 = transpose_8x8_b16(low ? hi : got), pb1 = transpose_8x8_b16(low ? got : lo);
-#pragma unroll
-      for (int w = 0; w < VW; ++w) {
-        uint4 v[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int tr = 2 * tq + (r & 1) + 8 * (r >> 1);
-          const uint4* vp = reinterpret_cast<const uint4*>(p.bf16_values + (row0 + tr) * D) + gid * VW + w;
-          v[r] = tile + tr < t_end ? __ldg(vp) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const uint32_t w0 = word(v[0], e), w1 = word(v[1], e), w2 = word(v[2], e), w3 = word(v[3], e);
-          const uint32_t a0 = __byte_perm(w0, w1, 0x5410), a1 = __byte_perm(w0, w1, 0x7632);
-          const uint32_t a2 = __byte_perm(w2, w3, 0x5410), a3 = __byte_perm(w2, w3, 0x7632);
-          mma_bf16_16816(o[4 * w + e], a0, a1, a2, a3, pb0, pb1);
-        }
-      }
-      return;
     }
-    const bool valid0 = tile + gid < t_end, valid1 = tile + gid + 8 < t_end;
-    s[0] = valid0 ? s[0] + s_lo[0] : -INFINITY;
-    s[1] = valid0 ? s[1] + s_lo[1] : -INFINITY;
-    s[2] = valid1 ? s[2] + s_lo[2] : -INFINITY;
-    s[3] = valid1 ? s[3] + s_lo[3] : -INFINITY;
-    float bmax0 = fmaxf(s[0], s[2]), bmax1 = fmaxf(s[1], s[3]);
+    float bmax0 = x[0][0], bmax1 = x[0][1];
+    if constexpr (!PACK) bmax0 = fmaxf(bmax0, x[1][0]), bmax1 = fmaxf(bmax1, x[1][1]);
 #pragma unroll
-    for (int off = 4; off < 32; off *= 2) {
+    for (int off = PACK ? 2 : 4; off < 32; off *= 2) {  // (PACK: the rows of lane tq ^ 2 too)
       bmax0 = fmaxf(bmax0, __shfl_xor_sync(0xffffffffu, bmax0, off));
       bmax1 = fmaxf(bmax1, __shfl_xor_sync(0xffffffffu, bmax1, off));
     }
@@ -955,15 +924,34 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
     l0 *= corr0, l1 *= corr1;
 #pragma unroll
     for (int i = 0; i < MT; ++i) o[i][0] *= corr0, o[i][1] *= corr1, o[i][2] *= corr0, o[i][3] *= corr1;
-    const float p00 = valid0 ? exp2f(s[0] - m0) : 0.f, p01 = valid0 ? exp2f(s[1] - m1) : 0.f;
-    const float p10 = valid1 ? exp2f(s[2] - m0) : 0.f, p11 = valid1 ? exp2f(s[3] - m1) : 0.f;
-    l0 += p00 + p10, l1 += p01 + p11;
-    // B fragments of P^T (k = tokens, n = head gid) by transposing the (token, head pair) words.
-    uint32_t h0, lo0, h1, lo1;
-    split_bf16x2(p00, p01, h0, lo0);
-    split_bf16x2(p10, p11, h1, lo1);
-    const uint32_t pb0 = transpose_8x8_b16(h0), pb1 = transpose_8x8_b16(h1);
-    const uint32_t pl0 = transpose_8x8_b16(lo0), pl1 = transpose_8x8_b16(lo1);
+    float pw[NR][2];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      pw[r][0] = valid[r] ? exp2f(x[r][0] - m0) : 0.f;
+      pw[r][1] = valid[r] ? exp2f(x[r][1] - m1) : 0.f;
+    }
+    if constexpr (PACK) {
+      l0 += pw[0][0], l1 += pw[0][1];
+    } else {
+      l0 += pw[0][0] + pw[1][0], l1 += pw[0][1] + pw[1][1];
+    }
+    // B fragments of P^T (k = tokens, n = head gid) by transposing the (token, head pair) words, the weights' hi terms
+    // in pb and their lo terms in pl. PACK: one product's columns 0-3 take the hi terms and 4-7 the lo terms, block 0
+    // (rows gid) from lane tq < 2's hi and its partner's lo, block 1 (rows gid + 8) from the partner's hi and lane
+    // tq >= 2's lo.
+    uint32_t pb0, pb1, pl0 = 0u, pl1 = 0u;
+    if constexpr (PACK) {
+      uint32_t hi, lo;
+      split_bf16x2(pw[0][0], pw[0][1], hi, lo);
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, low ? lo : hi, 2);
+      pb0 = transpose_8x8_b16(low ? hi : got), pb1 = transpose_8x8_b16(low ? got : lo);
+    } else {
+      uint32_t h0, lo0, h1, lo1;
+      split_bf16x2(pw[0][0], pw[0][1], h0, lo0);
+      split_bf16x2(pw[1][0], pw[1][1], h1, lo1);
+      pb0 = transpose_8x8_b16(h0), pb1 = transpose_8x8_b16(h1);
+      pl0 = transpose_8x8_b16(lo0), pl1 = transpose_8x8_b16(lo1);
+    }
     // A fragments of V^T: tokens 2tq, 2tq + 1, 2tq + 8, 2tq + 9 of the tile, zero past t_end (the
     // weight is 0 there, but in-page memory past the length may hold anything).
 #pragma unroll
@@ -981,7 +969,7 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
         const uint32_t a0 = __byte_perm(w0, w1, 0x5410), a1 = __byte_perm(w0, w1, 0x7632);
         const uint32_t a2 = __byte_perm(w2, w3, 0x5410), a3 = __byte_perm(w2, w3, 0x7632);
         mma_bf16_16816(o[4 * w + e], a0, a1, a2, a3, pb0, pb1);
-        mma_bf16_16816(o[4 * w + e], a0, a1, a2, a3, pl0, pl1);
+        if constexpr (!PACK) mma_bf16_16816(o[4 * w + e], a0, a1, a2, a3, pl0, pl1);
       }
     }
   };
