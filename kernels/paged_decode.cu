@@ -817,7 +817,8 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
 // P.V: lane (gid, tq) owns output channels [gid * D / 8, +D / 8); m-tile i rows gid / gid + 8 are its
 // channels 2i / 2i + 1, and the k slots are the tile's tokens in order.
 // BALANCED (the kernels without an INT2 path: the BF16 decode, caches before their first demotion; the split-table
-// kernels; the work-list kernels but those with four merge CTAs per pair): warp w takes the w-th quarter of the
+// kernels; the work-list kernels but those with four merge CTAs per pair; the parallel-merge kernels, whose BF16
+// splits may be 64-token multiples, kBf16ParallelQuantum, which the blocks do not cover): warp w takes the w-th quarter of the
 // range's 16-token tiles, instead of blocks of two tiles dealt round the warps, which left a 320-token range (10
 // blocks) three blocks on two warps and two on the others (H200: the BF16 decode 7-12 % faster; in the work lists,
 // whose BF16 CTAs fill the slots the INT2 CTAs free, ragged 64 / 8K 2.4-3.2 % and the uniform merge-CTA grids 1-3 %
@@ -1608,8 +1609,8 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
       int2_cta<D, PAGES == Int2Pages::paired, PARALLEL, PARALLEL, M16, TABLE || WORK, PACK>(p, sh, smem, b, kv, t_begin,
                                                                                            t_end, spec);
     else
-      bf16_warp<D, PARALLEL || TABLE, !HAS_INT2 || TABLE || (WORK && MERGE_PARTS <= 1), PACK>(p, sh, b, kv, t_begin,
-                                                                                                t_end);
+      bf16_warp<D, PARALLEL || TABLE, !HAS_INT2 || PARALLEL || TABLE || (WORK && MERGE_PARTS <= 1), PACK>(
+          p, sh, b, kv, t_begin, t_end);
   }
   __syncthreads();
   // The CTA's identity, read back from shared memory rather than held through the loop, which then spills less (d =
@@ -1807,7 +1808,8 @@ void check_paged_decode(const PagedDecodeParams& p) {
   }
   if (p.bf16_splits > 0) {
     require(p.bf16_page_size >= 32 && p.bf16_page_size % 32 == 0, "BF16 page size must be a multiple of 32");
-    require(p.bf16_chunk > 0 && p.bf16_chunk % kBf16SplitQuantum == 0, "BF16 split chunk must be a multiple of 128");
+    const int q = p.merge_parts > 0 ? kBf16ParallelQuantum : kBf16SplitQuantum;
+    require(p.bf16_chunk > 0 && p.bf16_chunk % q == 0, "BF16 split chunk must be a multiple of " + std::to_string(q));
     require(p.bf16_keys && p.bf16_values && p.bf16_page_table && p.bf16_lengths, "null BF16 cache pointer");
   }
   if (p.merge_counters) {

@@ -21,6 +21,7 @@ constexpr int kInt2SplitQuantum = 128;  // INT2 tokens per split table entry or 
 constexpr int kInt2ChunkQuantum = 64;   // equal INT2 splits (int2_chunk): a multiple of this, so a split may end in
                                         // half a CTA step (its tiles past the end masked)
 constexpr int kBf16SplitQuantum = 128;  // BF16 tokens per split: a multiple of this (4 warps x 32)
+constexpr int kBf16ParallelQuantum = 64;  // the same in the parallel merge's grids (balanced tiles)
 constexpr int kDecodeMaxTableSplits = 64;  // INT2 splits of a split table
 
 // One CTA's share of a work list (PagedDecodeParams::work): tokens [begin, end) of one tier of pair b * Hkv + kv,
@@ -60,7 +61,7 @@ struct PagedDecodeParams {
   int bf16_max_pages = 0;
   const int32_t* bf16_lengths = nullptr;  // [B]
   int bf16_splits = 0;
-  int bf16_chunk = 0;                     // multiple of kBf16SplitQuantum
+  int bf16_chunk = 0;                     // multiple of kBf16SplitQuantum (kBf16ParallelQuantum with merge_parts)
 
   // Outputs, splits_total = int2_splits + bf16_splits (INT2 splits first).
   float* partial_out = nullptr;   // [B, Hkv, splits_total, g, d] normalised within the split

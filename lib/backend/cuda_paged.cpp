@@ -121,6 +121,8 @@ int cuda_multiprocessor_count() {
 namespace {
 // Planner cost of one more INT2 split per pair (in tokens) when the parallel merge applies.
 constexpr double kParallelSplitCost = OSCAR_PARALLEL_SPLIT_COST;
+// Parallel-merge grids of at most this many (sequence, KV head) pairs cut their BF16 tier finer (plan_cuda_decode).
+constexpr long kFineBf16Pairs = 8;
 
 // Split starts (splits + 1 token offsets, whole quanta, none empty) over `length` tokens whose sizes fall linearly
 // from `first` to 2 - `first` times the mean (first = 1: equal splits). Needs 1 <= splits <= the length's quanta.
@@ -412,7 +414,12 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     // free (few long ones at large batches: batch 32 / 8K 82.3 -> 77.1 us with 1 split instead of 3), but
     // none longer than 1/8 of an INT2 CTA, since they run last (batch 8 / 8K, 1024-token INT2 CTAs: one
     // 320-token BF16 split 39.5 us, three 36.7 us).
-    const long q16 = kernels::kBf16SplitQuantum;
+    // In parallel-merge grids of few pairs the BF16 splits are multiples of 64 tokens, not 128: more, shorter BF16 CTAs
+    // in the free slots, so that the multiprocessors holding one beside their INT2 CTAs end sooner. H200, interleaved
+    // A/B, best of 3 (log, forty-third round), batch 1 (8 pairs), geometric mean over 8K-128K: Qwen3-8B -2.8 % (1 / 8K
+    // 12.9 -> 12.0 us, 1 / 100K 28.0 -> 27.8), d = 64 -1.3 %, g = 8 -1.5 %, d = 256 -0.8 %. Not at 16 or more pairs:
+    // d = 64 batch 2 32K +11 %, 100K +18 %; MHA batch 1 (32 pairs) 8K +3 %.
+    const long q16 = parallel && pairs <= kFineBf16Pairs ? kernels::kBf16ParallelQuantum : kernels::kBf16SplitQuantum;
     const long int2_ctas = pairs * plan.int2_splits;
     long free_slots = int2_ctas > 0 ? (int2_ctas + slots - 1) / slots * slots - int2_ctas : slots;
     // A whole number of BF16 splits per pair, so that the grid the INT2 plan fitted stays one wave
@@ -625,9 +632,23 @@ std::vector<kernels::DecodeWork> work_list(const DevicePagedCache& cache, const 
 }
 }  // namespace
 
-void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& plan, const float* queries,
+void CudaPagedDecoder::run(const DevicePagedCache& cache, const CudaDecodePlan& planned, const float* queries,
                            float softmax_scale, const float* value_rotation_t, float* out, cudaStream_t stream) {
   const auto& g = cache.geometry;
+  // A plan for the parallel merge may cut the BF16 tier in multiples of kBf16ParallelQuantum, which only its kernels
+  // take; run another way (parallel_merge turned off, a grid that does not fit), its BF16 splits become whole
+  // multiples of kBf16SplitQuantum.
+  CudaDecodePlan rechunked;
+  const CudaDecodePlan* chosen = &planned;
+  if (planned.bf16_chunk % kernels::kBf16SplitQuantum != 0 && !runs_parallel_merge(g, planned)) {
+    rechunked = planned;
+    const long q = kernels::kBf16SplitQuantum;
+    rechunked.bf16_chunk = static_cast<int>((planned.bf16_chunk + q - 1) / q * q);
+    rechunked.bf16_splits = static_cast<int>((cache.max_bf16_length + rechunked.bf16_chunk - 1) / rechunked.bf16_chunk);
+    if (rechunked.splits_total() == 0) rechunked.bf16_splits = 1;
+    chosen = &rechunked;
+  }
+  const CudaDecodePlan& plan = *chosen;
   const size_t parts = static_cast<size_t>(g.batch) * g.num_kv_heads * plan.splits_total() * g.group;
   if (partial_lse2_.size() < parts) {
     partial_out_.resize(parts * g.head_dim);

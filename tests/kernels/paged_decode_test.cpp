@@ -527,7 +527,33 @@ TEST(PagedDecode, ParallelMergeRoundsAndLastCtaMerge) {
                    std::string(parallel ? "parallel" : "last-CTA") + " merge, d=" + std::to_string(d)};
       c.parallel_merge = parallel;
       run_case(c);
+      // BF16 splits of 64 tokens (kBf16ParallelQuantum), which the parallel-merge kernels take and the decoder turns
+      // into 128-token splits for the last-CTA merge.
+      c.force_bf16_chunk = kernels::kBf16ParallelQuantum;
+      c.label += ", 64-token BF16 splits";
+      run_case(c);
     }
+}
+
+TEST(PagedDecode, FewPairsTakeFinerBf16Splits) {
+  // Planner only, 132 multiprocessors x 4 slots: parallel-merge grids (here all of them) of at most 8 pairs cut the
+  // BF16 tier (320 tokens) in 64-token splits; 16 pairs (batch 2) and 32 (MHA) keep multiples of 128.
+  auto cache = [](int batch, int kv_heads, int group, int context) {
+    DevicePagedCache c;
+    c.geometry.batch = batch, c.geometry.num_kv_heads = kv_heads, c.geometry.group = group, c.geometry.head_dim = 128;
+    c.host_int2_lengths.assign(batch, context - 320), c.host_bf16_lengths.assign(batch, 320);
+    c.min_int2_length = c.max_int2_length = context - 320;
+    c.max_bf16_length = 320;
+    return c;
+  };
+  for (int context : {8192, 102400}) {
+    const CudaDecodePlan one = plan_cuda_decode(cache(1, 8, 4, context), 132, 4);
+    EXPECT_EQ(one.bf16_chunk, kernels::kBf16ParallelQuantum) << "batch 1 / " << context;
+    const CudaDecodePlan two = plan_cuda_decode(cache(2, 8, 4, context), 132, 4);
+    EXPECT_EQ(two.bf16_chunk % kernels::kBf16SplitQuantum, 0) << "batch 2 / " << context;
+    const CudaDecodePlan mha = plan_cuda_decode(cache(1, 32, 1, context), 132, 4);
+    EXPECT_EQ(mha.bf16_chunk % kernels::kBf16SplitQuantum, 0) << "MHA batch 1 / " << context;
+  }
 }
 
 TEST(PagedDecode, LoQueryTermsInTheFreeMmaColumns) {
