@@ -817,15 +817,15 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, u
 // P.V: lane (gid, tq) owns output channels [gid * D / 8, +D / 8); m-tile i rows gid / gid + 8 are its
 // channels 2i / 2i + 1, and the k slots are the tile's tokens in order.
 // BALANCED (the kernels without an INT2 path: the BF16 decode, caches before their first demotion; the split-table
-// kernels; the work-list kernels but those with four merge CTAs per pair; the parallel-merge kernels, whose BF16
-// splits may be 64-token multiples, kBf16ParallelQuantum, which the blocks do not cover): warp w takes the w-th quarter of the
+// kernels; the work-list kernels but those with four merge CTAs per pair; the parallel-merge kernels, whose BF16 splits
+// may be 64-token multiples, kBf16ParallelQuantum, which the blocks do not cover): warp w takes the w-th quarter of the
 // range's 16-token tiles, instead of blocks of two tiles dealt round the warps, which left a 320-token range (10
 // blocks) three blocks on two warps and two on the others (H200: the BF16 decode 7-12 % faster; in the work lists,
 // whose BF16 CTAs fill the slots the INT2 CTAs free, ragged 64 / 8K 2.4-3.2 % and the uniform merge-CTA grids 1-3 %
-// faster; the split tables 0.1-0.7 %, and their d = 128 kernels lost their spill). The other kernels with an INT2
-// path keep the blocks: there the balanced loop changes ptxas's code for the INT2 loop, and the calls they serve,
-// whose BF16 share is small, ran 1-3 % slower (ragged 8 / 32K - 8 / 128K with four merge CTAs per pair; in the work
-// lists ragged 32 / 32K pays 1.1-1.2 % of this).
+// faster; the split tables 0.1-0.7 %, and their d = 128 kernels lost their spill). The other kernels with an INT2 path
+// keep the blocks: there the balanced loop changes ptxas's code for the INT2 loop, and the calls they serve, whose BF16
+// share is small, ran 1-3 % slower (ragged 8 / 32K - 8 / 128K with four merge CTAs per pair; in the work lists ragged
+// 32 / 32K pays 1.1-1.2 % of this).
 // PACK (g <= 4): column h of the Q.K product holds head h's hi query term, column h + 4 its lo term, and the P.V
 // product the weights' hi and lo terms the same way, as int2_cta's PACK: one product of each instead of two (the
 // BF16-only loop 412 -> 346 SASS instructions per tile at d = 128; H200, the BF16 decode 0.7 % faster, geometric
