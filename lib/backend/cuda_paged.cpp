@@ -121,8 +121,8 @@ int cuda_multiprocessor_count() {
 namespace {
 // Planner cost of one more INT2 split per pair (in tokens) when the parallel merge applies.
 constexpr double kParallelSplitCost = OSCAR_PARALLEL_SPLIT_COST;
-// Parallel-merge grids of at most this many (sequence, KV head) pairs cut their BF16 tier finer (plan_cuda_decode).
-constexpr long kFineBf16Pairs = 8;
+// Parallel-merge grids of one sequence with at most this many KV heads cut their BF16 tier finer (plan_cuda_decode).
+constexpr int kFineBf16MaxKvHeads = 8;
 
 // Split starts (splits + 1 token offsets, whole quanta, none empty) over `length` tokens whose sizes fall linearly
 // from `first` to 2 - `first` times the mean (first = 1: equal splits). Needs 1 <= splits <= the length's quanta.
@@ -414,12 +414,14 @@ CudaDecodePlan plan_cuda_decode(const DevicePagedCache& cache, int num_sms, int 
     // free (few long ones at large batches: batch 32 / 8K 82.3 -> 77.1 us with 1 split instead of 3), but
     // none longer than 1/8 of an INT2 CTA, since they run last (batch 8 / 8K, 1024-token INT2 CTAs: one
     // 320-token BF16 split 39.5 us, three 36.7 us).
-    // In parallel-merge grids of few pairs the BF16 splits are multiples of 64 tokens, not 128: more, shorter BF16 CTAs
-    // in the free slots, so that the multiprocessors holding one beside their INT2 CTAs end sooner. H200, interleaved
-    // A/B, best of 3 (log, forty-third round), batch 1 (8 pairs), geometric mean over 8K-128K: Qwen3-8B -2.8 % (1 / 8K
-    // 12.9 -> 12.0 us, 1 / 100K 28.0 -> 27.8), d = 64 -1.3 %, g = 8 -1.5 %, d = 256 -0.8 %. Not at 16 or more pairs:
-    // d = 64 batch 2 32K +11 %, 100K +18 %; MHA batch 1 (32 pairs) 8K +3 %.
-    const long q16 = parallel && pairs <= kFineBf16Pairs ? kernels::kBf16ParallelQuantum : kernels::kBf16SplitQuantum;
+    // At batch 1 with at most 8 KV heads (parallel merge) the BF16 splits are multiples of 64 tokens, not 128: more,
+    // shorter BF16 CTAs in the free slots, so that the multiprocessors holding one beside their INT2 CTAs end sooner.
+    // H200, interleaved A/B, best of 3 (log, forty-third round), batch 1, geometric mean over 8K-128K: Qwen3-8B -2.9 %
+    // (1 / 8K 12.8 -> 12.1 us, 1 / 100K 28.1 -> 27.4), d = 64 -1.3 %, g = 8 -1.3 %, d = 256 -0.3 %, Qwen2.5-7B (4 KV
+    // heads) -2.5 %. Not for MHA (32 KV heads: 1 / 8K +3 % in one of two calls) nor at batch 2: d = 64 2 / 32K +11 %,
+    // 2 / 100K +18 %; Qwen2.5-7B 2 / 8K -6 % but 2 / 32K +7 %.
+    const bool fine = parallel && g.batch == 1 && g.num_kv_heads <= kFineBf16MaxKvHeads;
+    const long q16 = fine ? kernels::kBf16ParallelQuantum : kernels::kBf16SplitQuantum;
     const long int2_ctas = pairs * plan.int2_splits;
     long free_slots = int2_ctas > 0 ? (int2_ctas + slots - 1) / slots * slots - int2_ctas : slots;
     // A whole number of BF16 splits per pair, so that the grid the INT2 plan fitted stays one wave

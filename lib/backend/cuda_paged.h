@@ -89,8 +89,8 @@ size_t paged_cache_device_bytes(const PagedCacheGeometry& geometry, const std::v
 // batches: the end of a greedy fill of the slots with the non-empty and empty CTAs in grid order);
 // BF16: as many CTAs as the INT2 CTAs' last wave leaves slots free (about ctas_per_sm * SMs without
 // INT2 tokens), at least one per (sequence, KV head), each at most 1/8 of an INT2 CTA's tokens, in multiples of
-// kernels::kBf16SplitQuantum (kBf16ParallelQuantum in parallel-merge grids of at most 8 pairs; run without the parallel
-// merge, such a plan's BF16 splits are rounded up to multiples of kBf16SplitQuantum).
+// kernels::kBf16SplitQuantum (kBf16ParallelQuantum in parallel-merge grids of batch 1 with at most 8 KV heads; run
+// without the parallel merge, such a plan's BF16 splits are rounded up to multiples of kBf16SplitQuantum).
 struct CudaDecodePlan {
   int int2_splits = 0, int2_chunk = 128, bf16_splits = 0, bf16_chunk = 128;
   // Merge by parallel merge CTAs when the whole grid is resident at once (small batches), else by the

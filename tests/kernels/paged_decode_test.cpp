@@ -535,9 +535,9 @@ TEST(PagedDecode, ParallelMergeRoundsAndLastCtaMerge) {
     }
 }
 
-TEST(PagedDecode, FewPairsTakeFinerBf16Splits) {
-  // Planner only, 132 multiprocessors x 4 slots: parallel-merge grids (here all of them) of at most 8 pairs cut the
-  // BF16 tier (320 tokens) in 64-token splits; 16 pairs (batch 2) and 32 (MHA) keep multiples of 128.
+TEST(PagedDecode, BatchOneWithFewKvHeadsTakesFinerBf16Splits) {
+  // Planner only, 132 multiprocessors x 4 slots: parallel-merge grids (here all of them) of batch 1 with at most 8 KV
+  // heads cut the BF16 tier (320 tokens) in 64-token splits; batch 2 (here 8 pairs too) and MHA keep multiples of 128.
   auto cache = [](int batch, int kv_heads, int group, int context) {
     DevicePagedCache c;
     c.geometry.batch = batch, c.geometry.num_kv_heads = kv_heads, c.geometry.group = group, c.geometry.head_dim = 128;
@@ -549,8 +549,10 @@ TEST(PagedDecode, FewPairsTakeFinerBf16Splits) {
   for (int context : {8192, 102400}) {
     const CudaDecodePlan one = plan_cuda_decode(cache(1, 8, 4, context), 132, 4);
     EXPECT_EQ(one.bf16_chunk, kernels::kBf16ParallelQuantum) << "batch 1 / " << context;
-    const CudaDecodePlan two = plan_cuda_decode(cache(2, 8, 4, context), 132, 4);
-    EXPECT_EQ(two.bf16_chunk % kernels::kBf16SplitQuantum, 0) << "batch 2 / " << context;
+    const CudaDecodePlan four = plan_cuda_decode(cache(1, 4, 7, context), 132, 4);
+    EXPECT_EQ(four.bf16_chunk, kernels::kBf16ParallelQuantum) << "4 KV heads, batch 1 / " << context;
+    const CudaDecodePlan two = plan_cuda_decode(cache(2, 4, 7, context), 132, 4);
+    EXPECT_EQ(two.bf16_chunk % kernels::kBf16SplitQuantum, 0) << "4 KV heads, batch 2 / " << context;
     const CudaDecodePlan mha = plan_cuda_decode(cache(1, 32, 1, context), 132, 4);
     EXPECT_EQ(mha.bf16_chunk % kernels::kBf16SplitQuantum, 0) << "MHA batch 1 / " << context;
   }
