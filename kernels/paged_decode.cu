@@ -883,12 +883,20 @@ __device__ void bf16_warp(const PagedDecodeParams& p, CtaShared<D>& sh, int b, i
 #pragma unroll
       for (int c = 0; c < KV4; ++c) {
         const uint4 ka = __ldg(k0 + 4 * c), kb = __ldg(k1 + 4 * c);
-        const uint2 h0 = qf[(4 * c + 0) * 32 + lane], l0 = qf[(4 * c + 1) * 32 + lane];
-        const uint2 h1 = qf[(4 * c + 2) * 32 + lane], l1 = qf[(4 * c + 3) * 32 + lane];
+        // Fragment j of this k chunk: hi terms at j = 0, 2, lo terms at 1, 3 (PACK has no lo fragments: it carries
+        // the lo terms in the hi fragments' free columns).
+        auto frag = [&](int j) { return qf[(4 * c + j) * 32 + lane]; };
+        const uint2 h0 = frag(0), h1 = frag(2);
         mma_bf16_16816(s, ka.x, kb.x, ka.y, kb.y, h0.x, h0.y);
-        if constexpr (!PACK) mma_bf16_16816(s_lo, ka.x, kb.x, ka.y, kb.y, l0.x, l0.y);
+        if constexpr (!PACK) {
+          const uint2 l0 = frag(1);
+          mma_bf16_16816(s_lo, ka.x, kb.x, ka.y, kb.y, l0.x, l0.y);
+        }
         mma_bf16_16816(s, ka.z, kb.z, ka.w, kb.w, h1.x, h1.y);
-        if constexpr (!PACK) mma_bf16_16816(s_lo, ka.z, kb.z, ka.w, kb.w, l1.x, l1.y);
+        if constexpr (!PACK) {
+          const uint2 l1 = frag(3);
+          mma_bf16_16816(s_lo, ka.z, kb.z, ka.w, kb.w, l1.x, l1.y);
+        }
       }
     }
     // This lane's logits x[r][0..1] of heads 2tq, 2tq + 1 (PACK: 2 (tq % 2), + 1) in its token rows: gid and gid + 8,
@@ -1629,16 +1637,17 @@ __global__ void __launch_bounds__(kThreads, D == 256 ? 2 : kMinCtasPerSm) paged_
   if ((int)threadIdx.x < kGroup * 8) {  // whole warps: the shuffles below take every lane
     const int h = threadIdx.x / 8, w = threadIdx.x % 8;
     const bool live = h < g && w < kDecodeWarps;
-    const float m = live ? sh.m[w % kDecodeWarps][h] : -INFINITY;
+    const int ws = w % kDecodeWarps;  // w itself where live; inside sh for every lane, so the loads need no branch
+    const float m = live ? sh.m[ws][h] : -INFINITY;
     float mx = m;
 #pragma unroll
     for (int off = 1; off < 8; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     const float e = live && mx != -INFINITY ? exp2f(m - mx) : 0.f;
-    float den = live ? e * sh.l[w % kDecodeWarps][h] : 0.f;
+    float den = live ? e * sh.l[ws][h] : 0.f;
 #pragma unroll
     for (int off = 1; off < 8; off *= 2) den += __shfl_xor_sync(0xffffffffu, den, off);
     const float inv = den > 0.f ? 1.f / den : 0.f;
-    if (live) sh.m[w % kDecodeWarps][h] = e * inv;
+    if (live) sh.m[ws][h] = e * inv;
     if (w == 0 && h < g) p.partial_lse2[part * g + h] = den > 0.f ? mx + log2f(den) : -INFINITY;
   }
   __syncthreads();
