@@ -789,14 +789,15 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const __grid
 // d = 128 (the quantiser, not the tensor cores, sets the pace: with 32-row tiles and 8 warps, 2 per
 // scheduler, 0.54 were eligible): 16-row tiles, 20 warps (5 per scheduler) at <= 96 registers, two lanes per
 // row in the quantiser, unpadded tiles (split_tile_swizzled), and x.R on wgmma (sm_90a builds,
-// kernels/CMakeLists.txt): one wgmma m64n128k16 per k-step and term for a 64-row group tile, A (the split x
-// of four warps' tiles) and R_hi / R_lo from shared memory (no per-warp B loads: 16-row tiles on mma.sync
-// would read all of R per 16 rows; measured 470 against 430 us). A from shared memory rather than from
-// registers: with the A registers of every wgmma in flight ptxas ran out of registers and serialised the 24
-// wgmma of a tile (C7511): 380 -> 362 us. The warpgroups specialise (kProducerGroups, below): two split x,
-// run the wgmma and scale x.R back into the tiles of three that quantise, so that no warp waits for the
-// tensor cores or for the three others of its warpgroup before quantising (349-352 -> 333-335 us; all 20
-// warps running every stage: 343-345). d = 64: 32-row tiles, 8 warps, two CTAs per SM, mma.sync, one lane
+// kernels/CMakeLists.txt): one wgmma m64n128k16 per k-step and term for a 64-row group tile, R_hi / R_lo from
+// shared memory (no per-warp B loads: 16-row tiles on mma.sync would read all of R per 16 rows; measured 470
+// against 430 us). The warpgroups specialise (kProducerGroups, below): two split x, run the wgmma and scale x.R
+// back into the tiles of three that quantise, so that no warp waits for the tensor cores or for the three others
+// of its warpgroup before quantising (349-352 -> 333-335 us; all 20 warps running every stage: 343-345). The
+// producers split x straight into the A fragments (registers) and take 120 registers from the consumers' 96
+// (setmaxnreg): the split x written to shared memory as the A operand cost the multiprocessor's shared-memory pipe
+// ~10 of its ~48 wavefronts per row (ncu), and A from registers at 96 registers made ptxas serialise the wgmma
+// (C7511 / C7512). H200, 1M rows, interleaved, five rounds: 294.9 -> 273.7 us. d = 64: 32-row tiles, 8 warps, two CTAs per SM, mma.sync, one lane
 // per row (wgmma measured 0.8 % slower there).
 // Bank conflicts (mma.sync): the k order inside a k-step is free (A and B permuted alike): lane (g, t) reads k
 // 4t..4t+3 of its row pair with one 16-byte load for hi and one for lo, and fragment row g is tile row
@@ -871,19 +872,24 @@ __device__ __forceinline__ void split_row_pair_in_place(float* u_at, float* v_at
 // (consumers). Local group tile i of a CTA goes through producer i % 2 and consumer i % 3. (One producer and four
 // consumers: 403 us, the producer's split, wgmma and tile load in series set the pace.)
 constexpr int kProducerGroups = 2, kConsumerGroups = 3;
-// Byte offset of the second 8-row group of a 16-row warp tile (d = 128; the split x as the wgmma A operand).
-constexpr uint32_t kSplitGroupBytes = 8 * 128 * (uint32_t)sizeof(float);
+// Registers per thread after the hand-over of registers (setmaxnreg): the producers' accumulators, two A fragments
+// and their loop need more than the launch's 96 (at 96 ptxas serialises their wgmma, C7512), the consumers fewer.
+constexpr int kProducerRegisters = 120, kConsumerRegisters = 80;
+static_assert(kProducerGroups * kProducerRegisters + kConsumerGroups * kConsumerRegisters ==
+                  (kProducerGroups + kConsumerGroups) * 96,
+              "the warpgroups share out the registers of the launch (20 warps at <= 96)");
 
-// d += a b for one warpgroup: wgmma m64n128k16 (d = 128), fp16 operands, fp32 accumulators; a and b from shared
-// memory (descriptors), K-major, not transposed.
-__device__ __forceinline__ void wgmma_f16_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc) {
+// d += a b for one warpgroup: wgmma m64n128k16 (d = 128), fp16 operands, fp32 accumulators; b from shared memory
+// (descriptor, K-major, not transposed), a from registers: this thread's A fragment (fragment rows g and g + 8 of its
+// warp's 16; logical k 2t, 2t + 1 in a[0] and a[1], 2t + 8, 2t + 9 in a[2] and a[3]).
+__device__ __forceinline__ void wgmma_f16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16\n"
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
-      "%64, %65, 1, 1, 1, 0, 0;\n"
+      "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
         "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
@@ -892,7 +898,7 @@ __device__ __forceinline__ void wgmma_f16_ss(float (&d)[64], uint64_t a_desc, ui
         "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
         "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(a_desc), "l"(b_desc)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc)
       : "memory");
 }
 
@@ -905,7 +911,11 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t address, float r0, float r1
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N committed groups of this thread's wgmma are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // The compiler sees only the issue of a wgmma: this keeps its accumulators' later uses after the wait.
 __device__ __forceinline__ void fence_register(float& v) { asm volatile("" : "+f"(v)::"memory"); }
 // mbarrier (shared memory) arrive (release) and wait for the completion of the phase of the given parity (acquire).
@@ -1048,17 +1058,10 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
   struct RowScales {
     float inverse_upper, inverse_lower, scale_upper, scale_lower;
   };
-  auto row_scales = [&](int upper, int lower, int chunk0) {
-    float su = 0.f, sl = 0.f;
-#pragma unroll 8
-    for (int c = 0; c < D / PARTS; c += 4) {
-      const float4 u = *reinterpret_cast<const float4*>(chunk_at(upper, chunk0 + c / 4));
-      const float4 v = *reinterpret_cast<const float4*>(chunk_at(lower, chunk0 + c / 4));
-      su += fabsf(u.x) + fabsf(u.y) + fabsf(u.z) + fabsf(u.w);
-      sl += fabsf(v.x) + fabsf(v.y) + fabsf(v.z) + fabsf(v.w);
-    }
+  // From the lane's partial sums: the butterfly over lane offsets first, 2 first, .. < 32 / (..) (see the callers).
+  auto row_scales_of = [&](float su, float sl, int first, int last) {
 #pragma unroll
-    for (int offset = PAIRS; offset < 32; offset *= 2)
+    for (int offset = first; offset <= last; offset *= 2)
       su += __shfl_xor_sync(0xffffffffu, su, offset), sl += __shfl_xor_sync(0xffffffffu, sl, offset);
     int ru = fp16_range_shift(su), rl = fp16_range_shift(sl);
     RowScales r;
@@ -1072,19 +1075,31 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
     r.scale_upper = exp2_int(ru), r.scale_lower = exp2_int(rl);
     return r;
   };
+  auto row_scales = [&](int upper, int lower, int chunk0) {
+    float su = 0.f, sl = 0.f;
+#pragma unroll 8
+    for (int c = 0; c < D / PARTS; c += 4) {
+      const float4 u = *reinterpret_cast<const float4*>(chunk_at(upper, chunk0 + c / 4));
+      const float4 v = *reinterpret_cast<const float4*>(chunk_at(lower, chunk0 + c / 4));
+      su += fabsf(u.x) + fabsf(u.y) + fabsf(u.z) + fabsf(u.w);
+      sl += fabsf(v.x) + fabsf(v.y) + fabsf(v.z) + fabsf(v.w);
+    }
+    return row_scales_of(su, sl, PAIRS, 16);
+  };
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
   if constexpr (WGMMA) {
-    // Core-matrix row (k-step ks, column n, core column kc) = k 16 ks + 8 kc + e (e < 8) of R (natural k order,
-    // as the split x).
+    // Core-matrix row (k-step ks, column n, core column kc) = logical k 8 kc + e (e < 8), which is row
+    // 16 ks + 4 (e / 2) + 2 kc + e % 2 of R: the order of the producers' A fragments (k-step ks of lane (g, t) holds
+    // x's columns 16 ks + 4 t .. 16 ks + 4 t + 3 as logical k 2t, 2t + 1, 2t + 8, 2t + 9).
     for (int i = threadIdx.x; i < KSTEPS * D * 2; i += THREADS) {
       const int kc = i % 2, n = (i / 2) % D, ks = i / (2 * D);
-      const float* r = p.rotation + (size_t)(16 * ks + 8 * kc) * D + n;
+      const float* r = p.rotation + (size_t)(16 * ks + 2 * kc) * D + n;
       const float cs = col_scale[n];
       uint4 hi, lo;
       split_fp16x2(__ldg(r), __ldg(r + D), cs, hi.x, lo.x);
-      split_fp16x2(__ldg(r + 2 * D), __ldg(r + 3 * D), cs, hi.y, lo.y);
-      split_fp16x2(__ldg(r + 4 * D), __ldg(r + 5 * D), cs, hi.z, lo.z);
-      split_fp16x2(__ldg(r + 6 * D), __ldg(r + 7 * D), cs, hi.w, lo.w);
+      split_fp16x2(__ldg(r + 4 * D), __ldg(r + 5 * D), cs, hi.y, lo.y);
+      split_fp16x2(__ldg(r + 8 * D), __ldg(r + 9 * D), cs, hi.z, lo.z);
+      split_fp16x2(__ldg(r + 12 * D), __ldg(r + 13 * D), cs, hi.w, lo.w);
       // Column n at wgmma column 8 (n / 8) + 2 (n % 4) + (n % 8) / 4, so that the accumulators of a lane hold, per
       // n-tile, columns 4 e + t of its eight (e = 0, 1): the fragments of stmatrix (the scale-back, below).
       const int at = ks * 2 * D + (n / 8) * 16 + kc * 8 + 2 * (n % 4) + (n % 8) / 4;  // 16-byte units
@@ -1111,98 +1126,84 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
   const int rho = g / 2 + 4 * (g % 2);  // tile row of fragment row g (and rho + 8 of g + 8)
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
   if constexpr (WGMMA) {
-    // Warpgroup wg < P produces the local group tiles wg, wg + P, ..: its warps' tiles hold x, then the split x (the
-    // wgmma A operand); x.R goes to the tiles of consumer k = i % C, whose warp w quantises the rows of producer warp
-    // w. Hand-over by two mbarriers per consumer, 128 arrivals each: full[k] (x.R written: the producer's threads
-    // arrive, the consumer waits) and empty[k] (the consumer's threads done reading: they arrive, the producer of
-    // the tile's next group tile i + C waits before writing). The u-th use of consumer k's tiles (i = u C + k) is
-    // phase u of both, and a wait names its phase by parity, which is only sound while the barrier is at most one
-    // phase behind it. The consumer's waits are sound: full[k] cannot complete phase u + 1 before the consumer's
-    // own arrivals complete empty[k] phase u. The producers' are not by themselves: with P = 2 and C odd,
-    // consumer k's tiles alternate between the two producers, so the producer of phase u could wait on empty[k] while that barrier is still in phase u - 2
-    // (the other producer's tile u - 1 not written yet, consumer k slow, e.g. on zero rows), take the parity of
-    // phase u - 1 for that of the completed u - 3, and overwrite tiles in use (nondeterministic codes, hangs). So
-    // it first waits for full[k] phase u - 1 (tile u - 1 written, hence empty phase u - 2 complete); full[k] is then
-    // at phase >= u - 1, since this warpgroup's own arrivals completed phase u - 2. (Named barriers per (producer,
-    // consumer) pair measured 339-340 us against 333-335; compute-sanitizer's racecheck does not follow them.)
+    // Warpgroup wg < P produces the local group tiles wg, wg + P, ..: its warps' tiles hold x (split into the wgmma A
+    // fragments in registers); x.R goes to the tiles of consumer k = i % C, whose warp w quantises the rows of producer
+    // warp w. Hand-over by two mbarriers per consumer, 128 arrivals each: full[k] (x.R written: the producer's threads
+    // arrive, the consumer waits) and empty[k] (the consumer's threads done reading: they arrive, the producer of the
+    // tile's next group tile i + C waits before writing). The u-th use of consumer k's tiles (i = u C + k) is phase u
+    // of both, and a wait names its phase by parity, which is only sound while the barrier is at most one phase behind
+    // it. The consumer's waits are sound: full[k] cannot complete phase u + 1 before the consumer's own arrivals
+    // complete empty[k] phase u. The producers' are not by themselves: with P = 2 and C odd, consumer k's tiles
+    // alternate between the two producers, so the producer of phase u could wait on empty[k] while that barrier is
+    // still in phase u - 2 (the other producer's tile u - 1 not written yet, consumer k slow, e.g. on zero rows), take
+    // the parity of phase u - 1 for that of the completed u - 3, and overwrite tiles in use (nondeterministic codes,
+    // hangs). So it first waits for full[k] phase u - 1 (tile u - 1 written, hence empty phase u - 2 complete); full[k]
+    // is then at phase >= u - 1, since this warpgroup's own arrivals completed phase u - 2. (Named barriers per
+    // (producer, consumer) pair measured 339-340 us against 333-335; compute-sanitizer's racecheck does not follow
+    // them.)
     constexpr int P = kProducerGroups, C = kConsumerGroups;
     static_assert(ROWS == 16 && PARTS == 4 && 4 * (P + C) == WARPS, "16-row warp tiles, P + C warpgroups");
     static_assert(2 * C % P == 0, "tiles i and i - 2C of a consumer have one producer (the waits below)");
     const int wg = __shfl_sync(0xffffffffu, warp / 4, 0), w = warp % 4;  // (warp-uniform: no serialised wgmma)
     float* const consumer_tiles = col_inverse + D + 4 * P * ROWS * XS;  // [C][4 warps][ROWS][XS]
     if (wg < P) {
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
       const uint32_t r_hi = static_cast<uint32_t>(__cvta_generic_to_shared(rfrag)), r_lo = r_hi + KSTEPS * 32 * D;
-      const uint32_t x_hi = static_cast<uint32_t>(__cvta_generic_to_shared(col_inverse + D + 4 * wg * ROWS * XS)),
-                     x_lo = x_hi + 2048;
       for (long i = wg;; i += P) {
         const long gi = blockIdx.x + i * gridDim.x;
         if (gi >= group_tiles) break;
         const long next = gi + (long)P * gridDim.x;
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         __syncwarp();
-        // The split (see the mma.sync one below for the row scales): lane (j + 8 h) takes columns [32 h, 32 h + 32)
-        // of rows j and j + 8. The split x as the wgmma A operand (K-major, no swizzle), in place: the tile's rows
-        // 0-7 (bytes [0, kSplitGroupBytes)) become the core matrices of hi (+0) and lo (+2048) of those rows, core
-        // column kc (k 8 kc .. 8 kc + 7) at +128 kc, fragment row g (tile row rho(g), as the accumulators expect) at
-        // +16 g; rows 8-15 the same at +kSplitGroupBytes. Each lane reads its 32 values of a row before any lane
-        // writes. The warpgroup's eight 8-row groups lie kSplitGroupBytes apart: one m64 A operand.
-        float inverse_upper, inverse_lower;
+        // The split, straight into the A fragments (registers): fragment rows g and g + 8 of the warp's 16 are tile
+        // rows rho(g) and rho(g) + 8 (as in the mma.sync path); k-step ks of lane (g, t) takes chunk 4 ks + t of
+        // both, its four values logical k 2t, 2t + 1, 2t + 8, 2t + 9 (R's rows permuted alike, above). Eight lanes
+        // of a 16-byte load phase then read eight distinct bank groups. The rows' scales first (a pass of its own:
+        // the values of all k-steps would not fit in registers beside the accumulators).
+        float scale_upper, scale_lower, rinv_upper, rinv_lower;
         {
-          const int j = lane % 8, h = lane / 8;
-          const int upper = j, lower = j + 8, chunk0 = h * (D / PARTS / 4);
-          const RowScales rs = row_scales(upper, lower, chunk0);
-          inverse_upper = rs.inverse_upper, inverse_lower = rs.inverse_lower;
-          const float scale_upper = rs.scale_upper, scale_lower = rs.scale_lower;
-          const int g_of_row = 2 * (j % 4) + j / 4;  // rho^-1(j)
-          auto split_row = [&](int row, float scale, int group) {
-            float v[32];
+          float su = 0.f, sl = 0.f;
 #pragma unroll
-            for (int c = 0; c < 32; c += 4) {
-              const float4 q = *reinterpret_cast<const float4*>(chunk_at(row, chunk0 + c / 4));
-              v[c] = q.x, v[c + 1] = q.y, v[c + 2] = q.z, v[c + 3] = q.w;
-            }
-            __syncwarp();
-            char* base = reinterpret_cast<char*>(tile) + group * kSplitGroupBytes + 16 * g_of_row;
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              uint4 hi, lo;
-              split_fp16x2(v[8 * c], v[8 * c + 1], scale, hi.x, lo.x);
-              split_fp16x2(v[8 * c + 2], v[8 * c + 3], scale, hi.y, lo.y);
-              split_fp16x2(v[8 * c + 4], v[8 * c + 5], scale, hi.z, lo.z);
-              split_fp16x2(v[8 * c + 6], v[8 * c + 7], scale, hi.w, lo.w);
-              *reinterpret_cast<uint4*>(base + 128 * (4 * h + c)) = hi;
-              *reinterpret_cast<uint4*>(base + 2048 + 128 * (4 * h + c)) = lo;
-            }
-          };
-          split_row(upper, scale_upper, 0);
-          split_row(lower, scale_lower, 1);
+          for (int ks = 0; ks < KSTEPS; ++ks) {
+            const float4 u = *reinterpret_cast<const float4*>(chunk_at(rho, 4 * ks + t));
+            const float4 v = *reinterpret_cast<const float4*>(chunk_at(rho + 8, 4 * ks + t));
+            su += fabsf(u.x) + fabsf(u.y) + fabsf(u.z) + fabsf(u.w);
+            sl += fabsf(v.x) + fabsf(v.y) + fabsf(v.z) + fabsf(v.w);
+          }
+          const RowScales rs = row_scales_of(su, sl, 1, 2);  // over the quad
+          scale_upper = rs.scale_upper, scale_lower = rs.scale_lower;
+          rinv_upper = rs.inverse_upper, rinv_lower = rs.inverse_lower;
         }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the split x visible to the tensor cores
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");     // of all four warps
         float d[64];  // fragment row g: tile row rho(g)
 #pragma unroll
         for (int e = 0; e < 64; ++e) d[e] = 0.f;
-        wgmma_fence();
+        // Two A buffers: k-step ks writes buffer ks % 2 once the group of k-step ks - 2, which read it, is done.
+        uint32_t a_hi[2][4], a_lo[2][4];
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
+          const int b = ks % 2;
+          const float4 u = *reinterpret_cast<const float4*>(chunk_at(rho, 4 * ks + t));
+          const float4 v = *reinterpret_cast<const float4*>(chunk_at(rho + 8, 4 * ks + t));
+          if (ks >= 2) wgmma_wait<1>();
+          split_fp16x2(u.x, u.y, scale_upper, a_hi[b][0], a_lo[b][0]);
+          split_fp16x2(v.x, v.y, scale_lower, a_hi[b][1], a_lo[b][1]);
+          split_fp16x2(u.z, u.w, scale_upper, a_hi[b][2], a_lo[b][2]);
+          split_fp16x2(v.z, v.w, scale_lower, a_hi[b][3], a_lo[b][3]);
+          wgmma_fence();
           const uint64_t b_hi = wgmma_descriptor(r_hi + ks * 32 * D), b_lo = wgmma_descriptor(r_lo + ks * 32 * D);
-          const uint64_t a_hi = wgmma_descriptor(x_hi + ks * 256, kSplitGroupBytes),
-                         a_lo = wgmma_descriptor(x_lo + ks * 256, kSplitGroupBytes);
-          wgmma_f16_ss(d, a_lo, b_hi);
-          wgmma_f16_ss(d, a_hi, b_lo);
-          wgmma_f16_ss(d, a_hi, b_hi);
+          wgmma_f16_rs(d, a_lo[b], b_hi);
+          wgmma_f16_rs(d, a_hi[b], b_lo);
+          wgmma_f16_rs(d, a_hi[b], b_hi);
+          wgmma_commit();
         }
-        wgmma_commit();
+        __syncwarp();  // every lane done reading the tile: the next one may land in it
+        if (next < group_tiles) load_warp_tile<D, ROWS>(p, tile, next * 4 * ROWS + warp_offset, lane);
         const int k = (int)(i % C);  // the consumer of this tile: wait for its tiles while the tensor cores run
         if (i >= 2 * C) mbarrier_wait(tile_full + k, (uint32_t)(i / C - 1) & 1u);  // tile i - C written
         if (i >= C) mbarrier_wait(tile_empty + k, (uint32_t)(i / C - 1) & 1u);
-        wgmma_wait_all();
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // no warp overwrites the A operand early
+        wgmma_wait<0>();
 #pragma unroll
         for (int e = 0; e < 64; ++e) fence_register(d[e]);
-        if (next < group_tiles) load_warp_tile<D, ROWS>(p, tile, next * 4 * ROWS + warp_offset, lane);
-        const float rinv_upper = __shfl_sync(0xffffffffu, inverse_upper, rho),
-                    rinv_lower = __shfl_sync(0xffffffffu, inverse_lower, rho);
         // Per n-tile one stmatrix.x4 (8x8 matrices of 32-bit elements here): matrix q = 2 (row half) + (column
         // half) holds chunk 2 n + q % 2 of tile rows rho(0..7) + 8 (q / 2); lane 8 q + i names row i of matrix q.
         // Chunk 2 n + q % 2 of a row sits at 8 (n / 4) + ((2 (n % 4) + q % 2) ^ key): four lane offsets, then steps of
@@ -1230,6 +1231,7 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
         mbarrier_arrive(tile_full + k);
       }
     } else {  // consumer k: the local group tiles k, k + C, ..; lanes r and r + 16 share row r
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
       const int k = wg - P;
       float* in = consumer_tiles + (4 * k + w) * ROWS * XS;
       const int r = lane % ROWS;
