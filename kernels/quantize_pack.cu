@@ -1148,7 +1148,9 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
     float* const consumer_tiles = col_inverse + D + 4 * P * ROWS * XS;  // [C][4 warps][ROWS][XS]
     if (wg < P) {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+      // R_hi and R_lo's descriptors at k-step 0; k-step ks adds ks 32 D bytes to the address field (bytes / 16).
       const uint32_t r_hi = static_cast<uint32_t>(__cvta_generic_to_shared(rfrag)), r_lo = r_hi + KSTEPS * 32 * D;
+      const uint64_t r_hi_desc = wgmma_descriptor(r_hi), r_lo_desc = wgmma_descriptor(r_lo);
       for (long i = wg;; i += P) {
         const long gi = blockIdx.x + i * gridDim.x;
         if (gi >= group_tiles) break;
@@ -1190,7 +1192,7 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
           split_fp16x2(u.z, u.w, scale_upper, a_hi[b][2], a_lo[b][2]);
           split_fp16x2(v.z, v.w, scale_lower, a_hi[b][3], a_lo[b][3]);
           wgmma_fence();
-          const uint64_t b_hi = wgmma_descriptor(r_hi + ks * 32 * D), b_lo = wgmma_descriptor(r_lo + ks * 32 * D);
+          const uint64_t b_hi = r_hi_desc + ks * 32 * D / 16, b_lo = r_lo_desc + ks * 32 * D / 16;
           wgmma_f16_rs(d, a_lo[b], b_hi);
           wgmma_f16_rs(d, a_hi[b], b_lo);
           wgmma_f16_rs(d, a_hi[b], b_hi);
