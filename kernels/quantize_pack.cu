@@ -786,19 +786,18 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const __grid
 // no orthogonality assumed), scaled back exactly by 2^-r_i 2^-c_n (one multiplication when the column
 // shifts are one) into the tile; then the rows are quantised (quantize_row_thread). Independent warps
 // overlap one another's loads, tensor-core work and quantiser.
-// d = 128 (the quantiser, not the tensor cores, sets the pace: with 32-row tiles and 8 warps, 2 per
-// scheduler, 0.54 were eligible): 16-row tiles, 20 warps (5 per scheduler) at <= 96 registers, two lanes per
-// row in the quantiser, unpadded tiles (split_tile_swizzled), and x.R on wgmma (sm_90a builds,
-// kernels/CMakeLists.txt): one wgmma m64n128k16 per k-step and term for a 64-row group tile, R_hi / R_lo from
-// shared memory (no per-warp B loads: 16-row tiles on mma.sync would read all of R per 16 rows; measured 470
-// against 430 us). The warpgroups specialise (kProducerGroups, below): two split x, run the wgmma and scale x.R
-// back into the tiles of three that quantise, so that no warp waits for the tensor cores or for the three others
-// of its warpgroup before quantising (349-352 -> 333-335 us; all 20 warps running every stage: 343-345). The
-// producers split x straight into the A fragments (registers) and take 120 registers from the consumers' 96
-// (setmaxnreg): the split x written to shared memory as the A operand cost the multiprocessor's shared-memory pipe
-// ~10 of its ~48 wavefronts per row (ncu), and A from registers at 96 registers made ptxas serialise the wgmma
-// (C7511 / C7512). H200, 1M rows, interleaved, five rounds: 294.9 -> 273.7 us. d = 64: 32-row tiles, 8 warps, two CTAs per SM, mma.sync, one lane
-// per row (wgmma measured 0.8 % slower there).
+// d = 128 (the quantiser, not the tensor cores, sets the pace: with 32-row tiles and 8 warps, 2 per scheduler, 0.54
+// were eligible): 16-row tiles, 20 warps (5 per scheduler) at <= 96 registers, two lanes per row in the quantiser,
+// unpadded tiles (split_tile_swizzled), and x.R on wgmma (sm_90a builds, kernels/CMakeLists.txt): one wgmma m64n128k16
+// per k-step and term for a 64-row group tile, R_hi / R_lo from shared memory (no per-warp B loads: 16-row tiles on
+// mma.sync would read all of R per 16 rows; measured 470 against 430 us). The warpgroups specialise (kProducerGroups,
+// below): two split x, run the wgmma and scale x.R back into the tiles of three that quantise, so that no warp waits
+// for the tensor cores or for the three others of its warpgroup before quantising (349-352 -> 333-335 us; all 20 warps
+// running every stage: 343-345). The producers split x straight into the A fragments (registers) and take registers
+// from the consumers (setmaxnreg: 120 and 80 of the launch's 96): the split x written to shared memory as the A operand
+// cost the multiprocessor's shared-memory pipe ~10 of its ~48 wavefronts per row (ncu), and A from registers at 96
+// registers made ptxas serialise the wgmma (C7511 / C7512). H200, 1M rows, interleaved, five rounds: 294.9 -> 273.7 us.
+// d = 64: 32-row tiles, 8 warps, two CTAs per SM, mma.sync, one lane per row (wgmma measured 0.8 % slower there).
 // Bank conflicts (mma.sync): the k order inside a k-step is free (A and B permuted alike): lane (g, t) reads k
 // 4t..4t+3 of its row pair with one 16-byte load for hi and one for lo, and fragment row g is tile row
 // rho(g) = g / 2 + 4 (g % 2) (also free), so 8 consecutive lanes hit 8 distinct 16-byte bank groups
@@ -1058,7 +1057,8 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
   struct RowScales {
     float inverse_upper, inverse_lower, scale_upper, scale_lower;
   };
-  // From the lane's partial sums: the butterfly over lane offsets first, 2 first, .. < 32 / (..) (see the callers).
+  // The scales from a lane's partial sums, once summed over the lanes that share its rows (xor offsets first, 2 first,
+  // .., last: the same sums on each).
   auto row_scales_of = [&](float su, float sl, int first, int last) {
 #pragma unroll
     for (int offset = first; offset <= last; offset *= 2)
@@ -1148,7 +1148,8 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
     float* const consumer_tiles = col_inverse + D + 4 * P * ROWS * XS;  // [C][4 warps][ROWS][XS]
     if (wg < P) {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-      // R_hi and R_lo's descriptors at k-step 0; k-step ks adds ks 32 D bytes to the address field (bytes / 16).
+      // R_hi's and R_lo's descriptors at k-step 0. K-step ks lies ks 32 D bytes further on: its descriptors add
+      // ks 32 D / 16 (the address field counts 16-byte units; R lies in the first 64 KB, so nothing carries over).
       const uint32_t r_hi = static_cast<uint32_t>(__cvta_generic_to_shared(rfrag)), r_lo = r_hi + KSTEPS * 32 * D;
       const uint64_t r_hi_desc = wgmma_descriptor(r_hi), r_lo_desc = wgmma_descriptor(r_lo);
       for (long i = wg;; i += P) {
