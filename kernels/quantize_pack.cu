@@ -933,9 +933,10 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity
         : "memory");
 }
 // Descriptor of a K-major, no-swizzle operand at shared address `address`: 128-byte core matrices
-// (8 rows of 16 bytes), the next one along K at +128 bytes (leading byte offset), along M or N at +stride.
-__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address, uint32_t stride = 256) {
-  return (uint64_t)((address & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(stride >> 4) << 32;
+// (8 rows of 16 bytes), the next one along K at +128 bytes (leading byte offset), along N at +256 (R's layout: two
+// core columns per 8 n).
+__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address) {
+  return (uint64_t)((address & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(256 >> 4) << 32;
 }
 #endif
 
