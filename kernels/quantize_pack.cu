@@ -259,7 +259,8 @@ __device__ __forceinline__ void store_row_thread(const QuantizePackParams& p, lo
 }
 
 // One row of fp32 values in shared memory, read in 16-byte chunks (chunk i = columns 4i .. 4i + 3). Padded tile
-// rows (d + 4 floats apart) make the 16-byte reads of consecutive rows at one column conflict-free.
+// rows (d + 4 floats apart; the d = 128 hand-over tiles: see handover_row_offset) make the 16-byte reads of the rows
+// of a load phase at one column conflict-free.
 struct PaddedRow {
   const float* x;
   __device__ __forceinline__ float4 chunk(int i) const { return *reinterpret_cast<const float4*>(x + 4 * i); }
@@ -271,6 +272,8 @@ struct PaddedRow {
 // chunks 2n, 2n + 1 of rows 0, 4, 1, 5 (or 2, 6, 3, 7) per half-warp, whose keys then differ above bit 0: no
 // conflict; with key = row % 8, rows 0 and 1 hit the same bank group, 4 wavefronts instead of 2 per store.)
 __device__ __forceinline__ int swizzle_key(int row) { return (row & 4) | (row & 1) << 1 | (row >> 1 & 1); }
+// (Used by the mma.sync path only: sm_90a builds, whose d = 128 kernel takes the wgmma path, do not reference it.)
+#pragma nv_diag_suppress 177
 struct SwizzledRow {
   const float* x;
   int key;  // swizzle_key(row)
@@ -279,6 +282,7 @@ struct SwizzledRow {
   }
   __device__ __forceinline__ float at(int c) const { return x[4 * ((c / 4) ^ key) + c % 4]; }
 };
+#pragma nv_diag_default 177
 
 // Quantises row `row` of the batch from its fp32 values x[0..D) in shared memory (thread per row): the
 // plain form, one division per value. quantize_row_thread (below) takes it for the rare rows whose
@@ -827,10 +831,29 @@ __device__ __forceinline__ int split_tile_offset(int row, int chunk) {
   return row * split_row_floats<D>() + 4 * (split_tile_swizzled<D>() ? chunk ^ swizzle_key(row) : chunk);
 }
 
+// d = 128 on sm_90a: warpgroups that quantise (consumers; the producers: below).
+constexpr int kConsumerGroups = 3;
+// The consumers' tiles there (x.R handed over): row c at c d + 4 (c / 2) floats, linear, so rows 2i and 2i + 1 begin in
+// bank group i (mod 8). The consumers' eight lanes of a 16-byte load phase take rows of distinct c / 2 and the eight
+// rows of a producer's stmatrix matrix are too: conflict-free with the same chunk offset for every row, i.e. immediate
+// offsets from one row address. (The XOR swizzle of the x tiles needed an address per chunk column: ~40 instructions
+// per consumer lane and tile, or 16 registers held across the quantiser. H200, 1M rows: 275.7 -> 273.0 us with the
+// consumers' counters below, 263.9 with these rows too.)
+template <int D>
+__host__ __device__ constexpr int handover_row_offset(int c) {
+  return c * D + 4 * (c / 2);
+}
+template <int D>
+constexpr int handover_tile_floats() {
+  return handover_row_offset<D>(split_warp_rows<D>() - 1) + D;
+}
 template <int D>
 constexpr int split_smem_bytes() {
+  constexpr int handover_extra =  // the hand-over tiles' padding beyond the warp tiles' ROWS x d
+      D == 128 ? kConsumerGroups * 4 * (handover_tile_floats<D>() - split_warp_rows<D>() * D) : 0;
   return (D / 16) * (D / 8) * 32 * 16  // R fragments
-         + (2 * D + split_warps<D>() * split_warp_rows<D>() * split_row_floats<D>()) * (int)sizeof(float);
+         + (2 * D + split_warps<D>() * split_warp_rows<D>() * split_row_floats<D>() + handover_extra) *
+               (int)sizeof(float);
 }
 
 // 2^s for s in [-126, 127].
@@ -870,7 +893,7 @@ __device__ __forceinline__ void split_row_pair_in_place(float* u_at, float* v_at
 // d = 128 on sm_90a: warpgroups that split x, run the wgmma and scale back (producers), and warpgroups that quantise
 // (consumers). Local group tile i of a CTA goes through producer i % 2 and consumer i % 3. (One producer and four
 // consumers: 403 us, the producer's split, wgmma and tile load in series set the pace.)
-constexpr int kProducerGroups = 2, kConsumerGroups = 3;
+constexpr int kProducerGroups = 2;
 // Registers per thread after the hand-over of registers (setmaxnreg): the producers' accumulators, two A fragments
 // and their loop need more than the launch's 96 (at 96 ptxas serialises their wgmma, C7512), the consumers fewer.
 constexpr int kProducerRegisters = 120, kConsumerRegisters = 80;
@@ -1145,16 +1168,23 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
     constexpr int P = kProducerGroups, C = kConsumerGroups;
     static_assert(ROWS == 16 && PARTS == 4 && 4 * (P + C) == WARPS, "16-row warp tiles, P + C warpgroups");
     static_assert(2 * C % P == 0, "tiles i and i - 2C of a consumer have one producer (the waits below)");
+    static_assert(P <= C, "the producers' counters of i % C wrap at most once per step");
     const int wg = __shfl_sync(0xffffffffu, warp / 4, 0), w = warp % 4;  // (warp-uniform: no serialised wgmma)
-    float* const consumer_tiles = col_inverse + D + 4 * P * ROWS * XS;  // [C][4 warps][ROWS][XS]
+    constexpr int CT = handover_tile_floats<D>();
+    static_assert(CT % 4 == 0, "16-byte aligned hand-over tiles");
+    float* const consumer_tiles = col_inverse + D + 4 * P * ROWS * XS;  // [C][4 warps][CT]
     if (wg < P) {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
       // R_hi's and R_lo's descriptors at k-step 0. K-step ks lies ks 32 D bytes further on: its descriptors add
       // ks 32 D / 16 (the address field counts 16-byte units; R lies in the first 64 KB, so nothing carries over).
       const uint32_t r_hi = static_cast<uint32_t>(__cvta_generic_to_shared(rfrag)), r_lo = r_hi + KSTEPS * 32 * D;
       const uint64_t r_hi_desc = wgmma_descriptor(r_hi), r_lo_desc = wgmma_descriptor(r_lo);
-      for (long i = wg;; i += P) {
-        const long gi = blockIdx.x + i * gridDim.x;
+      // Tile i's consumer k = i % C and u = i / C kept as counters (a 64-bit division by C per tile cost ~20 uniform
+      // instructions, in both roles).
+      int k = wg % C;
+      uint32_t u = 0;
+      for (int i = wg;; i += P) {
+        const long gi = blockIdx.x + (long)i * gridDim.x;
         if (gi >= group_tiles) break;
         const long next = gi + (long)P * gridDim.x;
         asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -1202,50 +1232,51 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
         }
         __syncwarp();  // every lane done reading the tile: the next one may land in it
         if (next < group_tiles) load_warp_tile<D, ROWS>(p, tile, next * 4 * ROWS + warp_offset, lane);
-        const int k = (int)(i % C);  // the consumer of this tile: wait for its tiles while the tensor cores run
-        if (i >= 2 * C) mbarrier_wait(tile_full + k, (uint32_t)(i / C - 1) & 1u);  // tile i - C written
-        if (i >= C) mbarrier_wait(tile_empty + k, (uint32_t)(i / C - 1) & 1u);
+        // Wait for the consumer's tiles while the tensor cores run.
+        if (i >= 2 * C) mbarrier_wait(tile_full + k, (u - 1) & 1u);  // tile i - C written
+        if (i >= C) mbarrier_wait(tile_empty + k, (u - 1) & 1u);
         wgmma_wait<0>();
 #pragma unroll
         for (int e = 0; e < 64; ++e) fence_register(d[e]);
         // Per n-tile one stmatrix.x4 (8x8 matrices of 32-bit elements here): matrix q = 2 (row half) + (column
-        // half) holds chunk 2 n + q % 2 of tile rows rho(0..7) + 8 (q / 2); lane 8 q + i names row i of matrix q.
-        // Chunk 2 n + q % 2 of a row sits at 8 (n / 4) + ((2 (n % 4) + q % 2) ^ key): four lane offsets, then steps of
-        // 32 floats. (Eight distinct keys per matrix: conflict-free, half the instructions of 8-byte stores and
-        // fewer address computations: H100, 1M rows, 317 -> 309 us.)
-        const uint32_t out = static_cast<uint32_t>(__cvta_generic_to_shared(consumer_tiles + (4 * k + w) * ROWS * XS));
+        // half) holds chunk 2 n + q % 2 of fragment rows 0..7 + 8 (q / 2); lane 8 q + i names row i of matrix q.
+        // Fragment row f goes to hand-over row 2 (f % 8) + f / 8 (see handover_row_offset), where its chunk 2 n + q % 2
+        // lies 32 n bytes after chunk q % 2: one lane address, then immediate offsets. (stmatrix: half the
+        // instructions of 8-byte stores and fewer address computations: H100, 1M rows, 317 -> 309 us.)
+        const uint32_t out = static_cast<uint32_t>(__cvta_generic_to_shared(consumer_tiles + (4 * k + w) * CT));
         const int st_q = lane / 8, st_i = lane % 8;
-        const int st_row = st_i / 2 + 4 * (st_i % 2) + 8 * (st_q / 2), st_key = swizzle_key(st_row);
-        uint32_t st_at[4];
-#pragma unroll
-        for (int m = 0; m < 4; ++m) st_at[m] = out + 4 * (st_row * XS + 4 * ((2 * m + st_q % 2) ^ st_key));
+        const uint32_t st_at = out + 4 * (handover_row_offset<D>(2 * st_i + st_q / 2) + 4 * (st_q % 2));
         if (uniform_columns) {
 #pragma unroll
           for (int n = 0; n < NTILES; ++n)
-            stmatrix_x4(st_at[n % 4] + 128 * (n / 4), d[4 * n] * rinv_upper, d[4 * n + 1] * rinv_upper,
-                        d[4 * n + 2] * rinv_lower, d[4 * n + 3] * rinv_lower);
+            stmatrix_x4(st_at + 32 * n, d[4 * n] * rinv_upper, d[4 * n + 1] * rinv_upper, d[4 * n + 2] * rinv_lower,
+                        d[4 * n + 3] * rinv_lower);
         } else {
 #pragma unroll
           for (int n = 0; n < NTILES; ++n) {
             const float ci0 = col_inverse[8 * n + t], ci1 = col_inverse[8 * n + 4 + t];
-            stmatrix_x4(st_at[n % 4] + 128 * (n / 4), d[4 * n] * rinv_upper * ci0, d[4 * n + 1] * rinv_upper * ci1,
+            stmatrix_x4(st_at + 32 * n, d[4 * n] * rinv_upper * ci0, d[4 * n + 1] * rinv_upper * ci1,
                         d[4 * n + 2] * rinv_lower * ci0, d[4 * n + 3] * rinv_lower * ci1);
           }
         }
         mbarrier_arrive(tile_full + k);
+        k += P;
+        if (k >= C) k -= C, ++u;
       }
-    } else {  // consumer k: the local group tiles k, k + C, ..; lanes r and r + 16 share row r
+    } else {  // consumer k: the local group tiles k, k + C, ..
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
       const int k = wg - P;
-      float* in = consumer_tiles + (4 * k + w) * ROWS * XS;
-      const int r = lane % ROWS;
-      for (long i = k;; i += C) {
-        const long gi = blockIdx.x + i * gridDim.x;
-        if (gi >= group_tiles) break;
+      // Lanes l and l + 16 (l < 16) share fragment row f = l: hand-over row 2 (l % 8) + l / 8, tile row r = rho(l % 8)
+      // + 8 (l / 8).
+      const int l = lane % ROWS;
+      const PaddedRow x{consumer_tiles + (4 * k + w) * CT + handover_row_offset<D>(2 * (l % 8) + l / 8)};
+      const int r = (l % 8) / 2 + 4 * (l % 2) + 8 * (l / 8);
+      uint32_t parity = 0;  // of u = i / C
+      for (long gi = blockIdx.x + (long)k * gridDim.x; gi < group_tiles; gi += (long)C * gridDim.x, parity ^= 1u) {
         const long row0 = gi * 4 * ROWS + warp_offset;
         const int rows = (int)min((long)ROWS, p.rows - row0);
-        mbarrier_wait(tile_full + k, (uint32_t)(i / C) & 1u);
-        quantize_row_thread<D, KMAX, LANES>(p, SwizzledRow{in + r * XS, swizzle_key(r)}, row0 + r, k_top, r < rows);
+        mbarrier_wait(tile_full + k, parity);
+        quantize_row_thread<D, KMAX, LANES>(p, x, row0 + r, k_top, r < rows);
         // The warp together again before the next tile's full-warp shuffles: a row on the quantiser's fallback
         // path keeps its lower lane there while its upper lane and the other rows' lanes have returned.
         __syncwarp();
