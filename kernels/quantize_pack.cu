@@ -855,6 +855,9 @@ constexpr int split_smem_bytes() {
          + (2 * D + split_warps<D>() * split_warp_rows<D>() * split_row_floats<D>() + handover_extra) *
                (int)sizeof(float);
 }
+// A CTA's shared memory on sm_90 is at most 227 KB; the d = 128 kernel's static part (mbarriers, shifts) takes 128
+// bytes of what is left.
+static_assert(split_smem_bytes<128>() <= 227 * 1024 - 512, "the d = 128 split kernel's shared memory does not fit");
 
 // 2^s for s in [-126, 127].
 __device__ __forceinline__ float exp2_int(int s) { return __int_as_float((s + 127) << 23); }
