@@ -831,7 +831,8 @@ __device__ __forceinline__ int split_tile_offset(int row, int chunk) {
   return row * split_row_floats<D>() + 4 * (split_tile_swizzled<D>() ? chunk ^ swizzle_key(row) : chunk);
 }
 
-// d = 128 on sm_90a: warpgroups that quantise (consumers; the producers: below).
+// d = 128 on sm_90a: the warpgroups that quantise (consumers; kProducerGroups, below, split and multiply). Here, not
+// with the producers, because the host's shared-memory size counts the consumers' tiles.
 constexpr int kConsumerGroups = 3;
 // The consumers' tiles there (x.R handed over): row c at c d + 4 (c / 2) floats, linear, so rows 2i and 2i + 1 begin in
 // bank group i (mod 8). The consumers' eight lanes of a 16-byte load phase take rows of distinct c / 2 and the eight
