@@ -639,20 +639,45 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
       for (int i = 0; i < KMAX; ++i) v = fminf(v, i < k_top ? best[i] : INFINITY);
       return v;
     };
+    // The k_top-th largest of this lane's list and (two lanes) the partner's. When k_top = KMAX, without merging the
+    // lists: the best KMAX values of two descending lists a, b are the top i of a and the top KMAX - i of b for some
+    // i, so the KMAX-th largest is max over i = 0..KMAX of min(a[i - 1], b[KMAX - 1 - i]) (a[-1] = b[-1] = +inf):
+    // 2 KMAX - 1 min / max instead of the merge's and kth's 4 KMAX + 2 (KMAX = 6). (The candidates' max by a tree:
+    // a chain would be KMAX deep.)
+    auto union_kth = [&] {
+      if constexpr (LANES == 2) {
+        if (k_top == KMAX) {
+          float other[KMAX], c[KMAX + 1];
+#pragma unroll
+          for (int i = 0; i < KMAX; ++i) other[i] = partner(best[i]);
+          c[0] = other[KMAX - 1], c[KMAX] = best[KMAX - 1];
+#pragma unroll
+          for (int i = 1; i < KMAX; ++i) c[i] = fminf(best[i - 1], other[KMAX - 1 - i]);
+#pragma unroll
+          for (int s = 1; s <= KMAX; s *= 2)
+#pragma unroll
+            for (int i = 0; i + s <= KMAX; i += 2 * s) c[i] = fmaxf(c[i], c[i + s]);
+          return c[0];
+        }
+        merge_partner();
+      }
+      return kth();
+    };
 #pragma unroll
     for (int i = 0; i < KMAX; ++i) best[i] = -1.f;
 #pragma unroll
     for (int g = 0; g < GL; g += 8)
       insert8(make_float4(group_abs[g], group_abs[g + 1], group_abs[g + 2], group_abs[g + 3]),
               make_float4(group_abs[g + 4], group_abs[g + 5], group_abs[g + 6], group_abs[g + 7]), false, g == 0);
-    merge_partner();
-    const float bound = kth();  // <= tau
+    const float bound = union_kth();  // <= tau
     unsigned groups = 0;  // bit g: group g of the row (lane h's groups at bits h GL ..)
 #pragma unroll
     for (int g = 0; g < GL; ++g) groups |= (group_abs[g] >= bound ? 1u : 0u) << g;
+    int spare = -1;  // a group below the bound (two lanes; -1: none)
     if constexpr (LANES == 2) {
       groups <<= half * GL;
       groups |= partner(groups);
+      spare = __ffs(~groups) - 1;
       // Lane h takes the candidates of rank h, h + 2, ..: rank parity from the prefix parity of the mask.
       unsigned below = groups << 1;
       below ^= below << 1, below ^= below << 2, below ^= below << 4, below ^= below << 8, below ^= below << 16;
@@ -660,7 +685,23 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
     }
 #pragma unroll
     for (int i = 0; i < KMAX; ++i) best[i] = -1.f;
-    if (groups) {  // the first candidate group fills the empty list
+    if constexpr (LANES == 2 && KMAX <= 8) {
+      // Without ties there are k_top candidate groups, so each lane takes at most U = ceil(KMAX / 2) when k_top >=
+      // KMAX - 1: U of them without a loop, so that their loads and sorting networks overlap (a lane with fewer takes
+      // the spare group, which exists then (fewer than 2 U <= 8 of the row's >= 8 groups are candidates) and whose
+      // values, all below the bound, cannot change the k_top-th largest: the candidates hold k_top values at or above
+      // it). The rest, if any (ties), in the loop below.
+      constexpr int U = (KMAX + 1) / 2;
+      float4 lo4[U], hi4[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int g = groups ? __ffs(groups) - 1 : spare;
+        groups &= groups - 1;
+        lo4[u] = x.chunk(2 * g), hi4[u] = x.chunk(2 * g + 1);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) insert8(lo4[u], hi4[u], true, u == 0);
+    } else if (groups) {  // the first candidate group fills the empty list
       const int g = __ffs(groups) - 1;
       groups &= groups - 1;
       insert8(x.chunk(2 * g), x.chunk(2 * g + 1), true, true);
@@ -670,8 +711,7 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
       groups &= groups - 1;
       insert8(x.chunk(2 * g), x.chunk(2 * g + 1), true);
     }
-    merge_partner();
-    tau = kth();
+    tau = union_kth();
   }
   auto clip = [&](float v) { return KMAX > 0 ? fminf(fmaxf(v, -tau), tau) : v; };
   float mn = clip(lo), mx = clip(hi);
@@ -712,11 +752,12 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
     return;
   }
   const float b1 = tb[0], c1 = tc[0], b2 = tb[1], c2 = tc[1], b3 = tb[2], c3 = tc[2];
-  // Channel c -> byte c % Q, bits 2 (c / Q); two bytes per float accumulator (exact integers < 2^16).
+  // Channel c -> byte c % Q, bits 2 (c / Q); two bytes per float accumulator, which starts at 2^23: 2^23 + n
+  // (n < 2^16, exact) holds n in its low 16 bits, with no addition after the sums.
   // (Two lanes: the upper half's bits are the lower half's shifted by 4, added after the packing.)
   float byte_pairs[Q / 2];
 #pragma unroll
-  for (int h = 0; h < Q / 2; ++h) byte_pairs[h] = 0.f;
+  for (int h = 0; h < Q / 2; ++h) byte_pairs[h] = 0x1p23f;
 #pragma unroll
   for (int c = 0; c < D / LANES; c += 4) {
     const float4 v4 = x.chunk(first_chunk + c / 4);
@@ -725,7 +766,7 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
     for (int e = 0; e < 4; ++e) {
       const int ch = c + e, byte = ch % Q;
       const float weight = (float)(1u << (8 * (byte % 2) + 2 * (ch / Q)));
-      float& acc = byte_pairs[byte / 2];  // exact small integers: plain arithmetic may fold the weights
+      float& acc = byte_pairs[byte / 2];  // exact integers below 2^24: plain arithmetic may fold the weights
       acc = fmaf(fma_saturate(v[e], b1, c1), weight, acc);
       acc = fmaf(fma_saturate(v[e], b2, c2), weight, acc);
       acc = fmaf(fma_saturate(v[e], b3, c3), weight, acc);
@@ -733,9 +774,8 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
   }
   uint32_t packed[Q / 4];
 #pragma unroll
-  for (int w = 0; w < Q / 4; ++w)  // acc + 2^23 holds acc in its low 16 bits
-    packed[w] = __byte_perm(__float_as_uint(__fadd_rn(byte_pairs[2 * w], 0x1p23f)),
-                            __float_as_uint(__fadd_rn(byte_pairs[2 * w + 1], 0x1p23f)), 0x5410);
+  for (int w = 0; w < Q / 4; ++w)
+    packed[w] = __byte_perm(__float_as_uint(byte_pairs[2 * w]), __float_as_uint(byte_pairs[2 * w + 1]), 0x5410);
   if constexpr (LANES == 1) {
     if (store) store_row_thread<Q>(p, row, packed, scale, zero);
   } else {  // lane h stores words [h Q/8, (h + 1) Q/8), the partner's bits added

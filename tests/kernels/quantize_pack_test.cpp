@@ -132,7 +132,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // d = 256 (two lanes per row, 32-row tiles) and d = 64 with K = 13 (top-16 by bitonic merges).
                       QuantCase{256, 20011, 0.96f, MetadataType::fp16, true},
                       QuantCase{256, 4099, 0.96f, MetadataType::bf16, false},
-                      QuantCase{64, 5003, 0.8f, MetadataType::fp32, false}));
+                      QuantCase{64, 5003, 0.8f, MetadataType::fp32, false},
+                      // d = 256 with fewer clipped values than the top-K list holds (K = 7 of 8, 2 of 4): the lists'
+                      // general merge, and lanes with fewer candidate groups than the quantiser takes unlooped.
+                      QuantCase{256, 5003, 0.973f, MetadataType::fp16, false},
+                      QuantCase{256, 4001, 0.995f, MetadataType::fp32, true}));
 
 // The CPU reference and the kernel on the same rows and rotation (clip 0.96, fp32 metadata unless given).
 struct RotatedRun {
@@ -285,7 +289,10 @@ TEST(QuantizePack, RotationBySignedPermutationBitIdentical) {
   const Case cases[] = {{64, 70001, 0.96f, MetadataType::fp32, false},  {64, 333, 0.92f, MetadataType::bf16, true},
                         {128, 1, 0.96f, MetadataType::fp16, false},      {128, 40009, 0.96f, MetadataType::fp32, false},
                         {128, 5003, 0.92f, MetadataType::fp16, true},    {256, 1001, 0.96f, MetadataType::fp32, false},
-                        {256, 20011, 0.96f, MetadataType::fp16, true}};
+                        {256, 20011, 0.96f, MetadataType::fp16, true},
+                        // K = 5 and 2 of lists of 6 and 4 (see QuantizePackExact's d = 256 cases).
+                        {128, 20011, 0.965f, MetadataType::fp32, false}, {128, 7001, 0.99f, MetadataType::bf16, false},
+                        {256, 3001, 0.973f, MetadataType::fp32, false}};
   for (const Case& c : cases) {
     const int d = c.dim;
     std::vector<float> x = test::random_normal(static_cast<size_t>(c.rows) * d, 31 + d + c.rows, 2.0f);
