@@ -1028,6 +1028,64 @@ __device__ __forceinline__ void load_warp_tile(const QuantizePackParams& p, floa
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
+// Column shifts 2^c_n of R (col_scale, and 2^-c_n in col_inverse; THREADS threads, a multiple of D). When they all
+// lie within 2^7 of one another (any R of similar columns, e.g. orthogonal), every column takes the smallest one
+// (column maxima scaled into [2^6, 2^14): the lo parts keep their precision as for the rows), so that the result
+// needs one multiplication by 2^-(r_i + c) instead of two. The column maxima of |R| first, each column's k range
+// shared out among THREADS / D threads (as bits in col_scale until the shifts replace them: non-negative floats
+// order as their bits). Ends with a CTA barrier: the shifts are visible to every thread.
+struct ColumnShifts {
+  bool uniform;  // every column takes `shift`
+  int shift;     // the smallest column shift
+};
+template <int D, int THREADS>
+__device__ ColumnShifts column_shifts(const float* rotation, float* col_scale, float* col_inverse) {
+  static_assert(THREADS % D == 0, "whole columns per thread");
+  __shared__ int shift_min, shift_max;
+  int* col_max_bits = reinterpret_cast<int*>(col_scale);
+  if (threadIdx.x == 0) shift_min = 1000, shift_max = -1000;
+  for (int n = threadIdx.x; n < D; n += THREADS) col_max_bits[n] = 0;
+  __syncthreads();
+  {
+    const int n = threadIdx.x % D;
+    float m = 0.f;
+#pragma unroll 8
+    for (int k = threadIdx.x / D; k < D; k += THREADS / D) m = fmaxf(m, fabsf(__ldg(rotation + (size_t)k * D + n)));
+    atomicMax(col_max_bits + n, __float_as_int(m));
+  }
+  __syncthreads();
+  int shift = 0;
+  if (threadIdx.x < D) {
+    shift = fp16_range_shift(__int_as_float(col_max_bits[threadIdx.x]));
+    atomicMin(&shift_min, shift);
+    atomicMax(&shift_max, shift);
+  }
+  __syncthreads();
+  const ColumnShifts shifts{shift_max - shift_min <= 7, shift_min};
+  if (threadIdx.x < D) {
+    if (shifts.uniform) shift = shifts.shift;
+    col_scale[threadIdx.x] = exp2_int(shift);
+    col_inverse[threadIdx.x] = exp2_int(-shift);
+  }
+  __syncthreads();
+  return shifts;
+}
+
+// The mma.sync m16n8k16 B fragment of lane l for k-step ks and n-tile nt of R, its columns scaled by col_scale and
+// split into fp16 hi and lo: {hi(R[k][n], R[k + 1][n]), hi(R[k + 2][n], R[k + 3][n]), lo(the same), lo(..)} with
+// n = 8 nt + l / 4, k = 16 ks + 4 (l % 4), i.e. logical k 2t, 2t + 1 and 2t + 8, 2t + 9 (the A fragments' k order).
+template <int D>
+__device__ __forceinline__ uint4 rotation_b_fragment(const float* rotation, int ks, int nt, int l,
+                                                     const float* col_scale) {
+  const int n = 8 * nt + l / 4, k = 16 * ks + 4 * (l % 4);
+  const float* r = rotation + (size_t)k * D + n;
+  const float cs = col_scale[n];
+  uint4 f;
+  split_fp16x2(__ldg(r), __ldg(r + D), cs, f.x, f.z);
+  split_fp16x2(__ldg(r + 2 * D), __ldg(r + 3 * D), cs, f.y, f.w);
+  return f;
+}
+
 // d = 128: one CTA of 20 warps per SM (<= 96 registers); d = 64: two CTAs of 8 (<= 128 registers).
 template <int D, int KMAX>
 __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
@@ -1070,15 +1128,6 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
   } else
 #endif
   if (group_index < group_tiles) load_warp_tile<D, ROWS>(p, tile, group_index * 4 * ROWS + warp_offset, lane);
-  // Column shifts. When they all lie within 2^7 of one another (any R of similar columns, e.g.
-  // orthogonal), every column takes the smallest one (column maxima scaled into [2^6, 2^14): the lo
-  // parts keep their precision as for the rows), so that the result needs one multiplication by
-  // 2^-(r_i + c) instead of two.
-  // The column maxima of |R| first, each column's k range shared out among THREADS / D threads (as bits in
-  // col_scale until the shifts replace them: non-negative floats order as their bits).
-  __shared__ int shift_min, shift_max;
-  int* col_max_bits = reinterpret_cast<int*>(col_scale);
-  if (threadIdx.x == 0) shift_min = 1000, shift_max = -1000;
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
   __shared__ uint64_t tile_full[kConsumerGroups], tile_empty[kConsumerGroups];  // mbarriers of the consumers' tiles
   if constexpr (WGMMA) {
@@ -1092,32 +1141,9 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
     }
   }
 #endif
-  for (int n = threadIdx.x; n < D; n += THREADS) col_max_bits[n] = 0;
-  __syncthreads();
-  static_assert(THREADS % D == 0, "whole columns per thread");
-  {
-    const int n = threadIdx.x % D;
-    float m = 0.f;
-#pragma unroll 8
-    for (int k = threadIdx.x / D; k < D; k += THREADS / D) m = fmaxf(m, fabsf(__ldg(p.rotation + (size_t)k * D + n)));
-    atomicMax(col_max_bits + n, __float_as_int(m));
-  }
-  __syncthreads();
-  int shift = 0;
-  if (threadIdx.x < D) {
-    shift = fp16_range_shift(__int_as_float(col_max_bits[threadIdx.x]));
-    atomicMin(&shift_min, shift);
-    atomicMax(&shift_max, shift);
-  }
-  __syncthreads();
-  const bool uniform_columns = shift_max - shift_min <= 7;
-  const int column_shift = shift_min;  // the shift of every column when uniform_columns
-  if (threadIdx.x < D) {
-    if (uniform_columns) shift = column_shift;
-    col_scale[threadIdx.x] = exp2_int(shift);
-    col_inverse[threadIdx.x] = exp2_int(-shift);
-  }
-  __syncthreads();
+  const ColumnShifts shifts = column_shifts<D, THREADS>(p.rotation, col_scale, col_inverse);
+  const bool uniform_columns = shifts.uniform;
+  const int column_shift = shifts.shift;  // the shift of every column when uniform_columns
   // Power-of-two scales of a lane's two split rows from the sum of |x| (fp32 pipe) over the lane's columns
   // [4 chunk0, 4 chunk0 + D / PARTS), summed over the pair's PARTS lanes (a butterfly: the same on each):
   // max |x| 2^r lands in [2^6, 2^14). inverse = 2^-r (2^-(r + c) with uniform columns, then r + c <= 126
@@ -1178,16 +1204,8 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
   } else
 #endif
   {
-    for (int i = threadIdx.x; i < KSTEPS * NTILES * 32; i += THREADS) {
-      const int l = i % 32, nt = (i / 32) % NTILES, ks = i / (32 * NTILES);
-      const int n = 8 * nt + l / 4, k = 16 * ks + 4 * (l % 4);
-      const float* r = p.rotation + (size_t)k * D + n;
-      const float cs = col_scale[n];
-      uint4 f;
-      split_fp16x2(__ldg(r), __ldg(r + D), cs, f.x, f.z);              // logical k 2t, 2t+1 = k, k + 1
-      split_fp16x2(__ldg(r + 2 * D), __ldg(r + 3 * D), cs, f.y, f.w);  // logical k 2t+8, 2t+9 = k + 2, k + 3
-      rfrag[i] = f;
-    }
+    for (int i = threadIdx.x; i < KSTEPS * NTILES * 32; i += THREADS)
+      rfrag[i] = rotation_b_fragment<D>(p.rotation, i / (32 * NTILES), (i / 32) % NTILES, i % 32, col_scale);
   }
   __syncthreads();  // R ready; from here on the warps are independent (no CTA barrier)
   const int g = lane / 4, t = lane % 4;
@@ -1438,79 +1456,81 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
 }
 
 // ---------------------------------------------------------------- rotated path, d = 256: fp16 split on mma.sync
-// R_hi and R_lo in fp16 (256 KB) do not fit in shared memory, so R is streamed. Persistent CTAs of 8 warps, two per
-// SM, over 64-row tiles. Once per CTA: the column shifts 2^c_n of R (as the split kernel: max |R[:, n]| 2^c_n in
-// [2^13, 2^14), one shift for all columns when they lie within 7). Per tile: cp.async of x; each row pair split in
-// place into the fp16 A fragments of mma.sync m16n8k16 (row scale 2^r_i from the sum of |x_i|, as the split
-// kernel; lane (g, t) holds k 4t .. 4t + 3 of a k-step, fragment row g = tile row rho(g)); R streamed in 16-row
-// k-chunks (cp.async, two buffers, one CTA barrier per chunk), each warp splitting the B fragments of its 32
-// columns (hi, lo, same k order) as it reads them; x.R = hi.hi + hi.lo + lo.hi with fp32 accumulation (the d <= 128
-// kernels' accuracy argument), scaled back by 2^-r_i 2^-c_n into the tile; then two lanes per row quantise
-// (warps 0-3). H200, 1M rows: 3364 us with the former kernel (3xTF32 mma.sync, R in fp32 chunks, the plain
-// quantiser on 64 threads), 2287 with two lanes per row there, 1937 with this one. 3 fp16 products of [1M, 256] x
+// R_hi and R_lo in fp16 (256 KB) do not fit in shared memory, so R is streamed. First, once per call,
+// rotation_split_kernel splits R into a workspace (RotationSplit256): the column shifts 2^c_n (as the split kernel:
+// max |R[:, n]| 2^c_n in [2^13, 2^14), one shift for all columns when they lie within 7) and the fp16 hi / lo B
+// fragments of mma.sync m16n8k16 (rotation_b_fragment). Then persistent CTAs of 8 warps, two per SM, over 64-row
+// tiles. Per tile: cp.async of x; each row pair split in place into the fp16 A fragments (row scale 2^r_i from
+// the sum of |x_i|, as the split kernel; lane (g, t) holds k 4t .. 4t + 3 of a k-step, fragment row g = tile row
+// rho(g)); R's fragments streamed a k-step (16 KB) at a time (cp.async, two buffers, one CTA barrier per
+// k-step), each warp reading those of its 32 columns with one 16-byte load per n-tile; x.R = hi.hi + hi.lo + lo.hi
+// with fp32 accumulation (the d <= 128 kernels' accuracy argument), scaled back by 2^-r_i 2^-c_n into the tile;
+// then two lanes per row quantise (warps 0-3). H200, 1M rows: 3364 us with the former kernel (3xTF32 mma.sync, R
+// in fp32 chunks, the plain quantiser on 64 threads), 2287 with two lanes per row there, 1937 with this one while
+// each warp split R's fp32 chunks itself, every tile (16 KB of R per k-step then, too). 3 fp16 products of [1M, 256] x
 // [256, 256] are ~400 GFLOP: at the H200's dense fp16 rate (~990 TFLOP/s with wgmma, less with mma.sync) that
 // alone takes >= ~410 us. (Not kept: a ring of three R chunks, x and R in unpadded swizzled rows so that two CTAs
 // still fit: 2183 us, 20 bytes of spills; the next tile's first R chunk issued before the quantiser: 1974.)
-constexpr int kRotF16KRows = 16;   // k rows of R per streamed chunk (one k-step)
 constexpr int kRotF16Threads = 256;
+
+// d = 256: R split for the quantiser (rotation_split_kernel), in global memory (the caller's workspace).
+struct RotationSplit256 {
+  static constexpr int D = 256, KSTEP_FRAGMENTS = (D / 8) * 32;  // one k-step: [n-tile][lane]
+  uint4 fragments[(D / 16) * KSTEP_FRAGMENTS];                   // [k-step][n-tile][lane]: rotation_b_fragment
+  float col_inverse[D];                                          // 2^-c_n
+  int uniform, column_shift;                                     // ColumnShifts
+};
+
+// One CTA per k-step of R: the column shifts (every CTA alike; CTA 0 stores them), then the k-step's fragments.
+__global__ void __launch_bounds__(kRotF16Threads) rotation_split_kernel(const float* __restrict__ rotation,
+                                                                        RotationSplit256* __restrict__ out) {
+  constexpr int D = RotationSplit256::D, F = RotationSplit256::KSTEP_FRAGMENTS;
+  __shared__ float col_scale[D], col_inverse[D];
+  const ColumnShifts shifts = column_shifts<D, kRotF16Threads>(rotation, col_scale, col_inverse);
+  if (blockIdx.x == 0) {
+    for (int n = threadIdx.x; n < D; n += kRotF16Threads) out->col_inverse[n] = col_inverse[n];
+    if (threadIdx.x == 0) out->uniform = shifts.uniform, out->column_shift = shifts.shift;
+  }
+  for (int i = threadIdx.x; i < F; i += kRotF16Threads)
+    out->fragments[blockIdx.x * F + i] = rotation_b_fragment<D>(rotation, blockIdx.x, i / 32, i % 32, col_scale);
+}
 
 template <int D>
 constexpr int rot_f16_smem_bytes() {
-  return (kRowThreads * (D + 4) + 2 * kRotF16KRows * (D + 4) + 2 * D + kRowThreads) * (int)sizeof(float);
+  return (kRowThreads * (D + 4) + D + kRowThreads) * (int)sizeof(float) +
+         2 * RotationSplit256::KSTEP_FRAGMENTS * (int)sizeof(uint4);
 }
 
 template <int D, int KMAX>
 __global__ void __launch_bounds__(kRotF16Threads, 2)
-    quantize_rows_rotated_f16_kernel(const __grid_constant__ QuantizePackParams p, int k_top) {
-  static_assert(D == 256, "8 warps of 32 output columns");
-  constexpr int THREADS = kRotF16Threads, ROWS = kRowThreads, XS = D + 4, RS = D + 4, KC = kRotF16KRows;
-  constexpr int CHUNKS = D / KC, MTILES = ROWS / 16, NT = 4;  // n-tiles per warp
+    quantize_rows_rotated_f16_kernel(const __grid_constant__ QuantizePackParams p, int k_top,
+                                     const RotationSplit256* __restrict__ split) {
+  static_assert(D == RotationSplit256::D, "8 warps of 32 output columns");
+  constexpr int THREADS = kRotF16Threads, ROWS = kRowThreads, XS = D + 4, F = RotationSplit256::KSTEP_FRAGMENTS;
+  constexpr int KSTEPS = D / 16, MTILES = ROWS / 16, NT = 4;  // n-tiles per warp
   extern __shared__ __align__(128) float smem[];
-  float* tile = smem;                          // [64][D + 4]: x, split x, then x.R
-  float* rchunk = tile + ROWS * XS;            // [2][16][D + 4]: k rows of R
-  float* col_scale = rchunk + 2 * KC * RS;     // [D] 2^c_n
-  float* col_inverse = col_scale + D;          // [D] 2^-c_n
-  float* row_inverse = col_inverse + D;        // [64] 2^-r_i (2^-(r_i + c) with uniform columns)
+  float* tile = smem;                                              // [64][D + 4]: x, split x, then x.R
+  uint4* rchunk = reinterpret_cast<uint4*>(tile + ROWS * XS);      // [2][F]: a k-step of R's fragments
+  float* col_inverse = reinterpret_cast<float*>(rchunk + 2 * F);   // [D] 2^-c_n
+  float* row_inverse = col_inverse + D;                            // [64] 2^-r_i (2^-(r_i + c) with uniform columns)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int rho = g / 2 + 4 * (g % 2);  // tile row of fragment row g (conflict-free 16-byte A loads)
   const int n_base = 32 * warp;
   const long tiles = (p.rows + ROWS - 1) / ROWS;
-  // Copies: thread i takes 16 bytes q = i % 64 of rows i / 64 + 4 j (j < 4 for an R chunk, < 16 for the x tile).
-  static_assert(THREADS == 4 * (D / 4) && KC == 16 && ROWS == 64, "four rows per pass of the CTA");
+  // Copies: thread i takes 16 bytes q = i % 64 of rows i / 64 + 4 j (j < 16) of the x tile, and fragments i + 256 j
+  // (j < 4) of a k-step.
+  static_assert(THREADS == 4 * (D / 4) && ROWS == 64 && F % THREADS == 0, "four rows per pass of the CTA");
   const int copy_row = threadIdx.x / (D / 4), copy_q = threadIdx.x % (D / 4);
-  const float* r_src = p.rotation + copy_row * D + 4 * copy_q;
-  float* const r_dst = rchunk + copy_row * RS + 4 * copy_q;
   auto load_r_chunk = [&](int c) {
-    const float* src = r_src + c * KC * D;
-    float* dst = r_dst + (c % 2) * KC * RS;
+    const uint4* src = split->fragments + c * F + threadIdx.x;
+    uint4* dst = rchunk + (c % 2) * F + threadIdx.x;
 #pragma unroll
-    for (int j = 0; j < KC / 4; ++j) cp_async16(dst + 4 * j * RS, src + 4 * j * D);
+    for (int j = 0; j < F / THREADS; ++j) cp_async16(dst + j * THREADS, src + j * THREADS);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
-  // Column shifts (thread n: column n).
-  __shared__ int shift_min, shift_max;
-  if (threadIdx.x == 0) shift_min = 1000, shift_max = -1000;
-  __syncthreads();
-  int shift;
-  {
-    const int n = threadIdx.x;
-    float m = 0.f;
-#pragma unroll 8
-    for (int k = 0; k < D; ++k) m = fmaxf(m, fabsf(__ldg(p.rotation + (size_t)k * D + n)));
-    shift = fp16_range_shift(m);
-    atomicMin(&shift_min, shift);
-    atomicMax(&shift_max, shift);
-  }
-  __syncthreads();
-  const bool uniform_columns = shift_max - shift_min <= 7;
-  const int column_shift = shift_min;
-  if (uniform_columns) shift = column_shift;
-  col_scale[threadIdx.x] = exp2_int(shift);
-  col_inverse[threadIdx.x] = exp2_int(-shift);
-  __syncthreads();
-  float b_scale[NT];  // 2^c of this lane's B columns n_base + 8 n + g
-#pragma unroll
-  for (int n = 0; n < NT; ++n) b_scale[n] = col_scale[n_base + 8 * n + g];
+  const bool uniform_columns = split->uniform != 0;
+  const int column_shift = split->column_shift;
+  for (int n = threadIdx.x; n < D; n += THREADS) col_inverse[n] = split->col_inverse[n];  // (read after a barrier)
   // The split: lane l of warp w takes the row pair (16 m + j, 16 m + j + 8), pair = 4 w + l % 4 = 8 m + j, and
   // chunks [8 h, 8 h + 8) (h = l / 4) in the order 8 h + (c + 4 (h % 2)) % 8: the 16-byte accesses of a
   // quarter-warp hit 8 distinct bank groups (rows 65 chunks apart).
@@ -1573,28 +1593,26 @@ __global__ void __launch_bounds__(kRotF16Threads, 2)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
 #pragma unroll 1
-    for (int c = 0; c < CHUNKS; ++c) {
+    for (int c = 0; c < KSTEPS; ++c) {
       if (c > 0) asm volatile("cp.async.wait_all;\n" ::: "memory");
-      __syncthreads();  // chunk c (and the split x) visible; every warp done with chunk c - 1
-      if (c + 1 < CHUNKS) load_r_chunk(c + 1);
+      __syncthreads();  // k-step c (and the split x) visible; every warp done with k-step c - 1
+      if (c + 1 < KSTEPS) load_r_chunk(c + 1);
       uint4 a_hi[MTILES], a_lo[MTILES];
 #pragma unroll
       for (int m = 0; m < MTILES; ++m) {
         a_hi[m] = *reinterpret_cast<const uint4*>(tile + (16 * m + rho) * XS + 4 * (4 * c + t));
         a_lo[m] = *reinterpret_cast<const uint4*>(tile + (16 * m + rho + 8) * XS + 4 * (4 * c + t));
       }
-      const float* rk = rchunk + (c % 2) * KC * RS + 4 * t * RS + n_base + g;  // k 4t .. 4t + 3 of the chunk
+      const uint4* rk = rchunk + (c % 2) * F + (n_base / 8) * 32 + lane;  // this warp's n-tiles
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        uint32_t b_hi0, b_lo0, b_hi1, b_lo1;  // logical k 2t, 2t + 1 = k 4t, 4t + 1; 2t + 8, 2t + 9 = 4t + 2, 4t + 3
-        split_fp16x2(rk[8 * n], rk[8 * n + RS], b_scale[n], b_hi0, b_lo0);
-        split_fp16x2(rk[8 * n + 2 * RS], rk[8 * n + 3 * RS], b_scale[n], b_hi1, b_lo1);
+        const uint4 b = rk[32 * n];  // {hi, hi, lo, lo}: logical k 2t, 2t + 1 and 2t + 8, 2t + 9 of each
 #pragma unroll
-        for (int m = 0; m < MTILES; ++m) mma_f16_16816(acc[m][n], a_lo[m].x, a_lo[m].y, a_lo[m].z, a_lo[m].w, b_hi0, b_hi1);
+        for (int m = 0; m < MTILES; ++m) mma_f16_16816(acc[m][n], a_lo[m].x, a_lo[m].y, a_lo[m].z, a_lo[m].w, b.x, b.y);
 #pragma unroll
-        for (int m = 0; m < MTILES; ++m) mma_f16_16816(acc[m][n], a_hi[m].x, a_hi[m].y, a_hi[m].z, a_hi[m].w, b_lo0, b_lo1);
+        for (int m = 0; m < MTILES; ++m) mma_f16_16816(acc[m][n], a_hi[m].x, a_hi[m].y, a_hi[m].z, a_hi[m].w, b.z, b.w);
 #pragma unroll
-        for (int m = 0; m < MTILES; ++m) mma_f16_16816(acc[m][n], a_hi[m].x, a_hi[m].y, a_hi[m].z, a_hi[m].w, b_hi0, b_hi1);
+        for (int m = 0; m < MTILES; ++m) mma_f16_16816(acc[m][n], a_hi[m].x, a_hi[m].y, a_hi[m].z, a_hi[m].w, b.x, b.y);
       }
     }
     __syncthreads();  // every warp done reading the split x
@@ -1670,8 +1688,17 @@ void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
       const long tiles = (p.rows + kRowThreads - 1) / kRowThreads;
       const long ctas = std::min<long>(tiles, (long)per_sm * (sms > 0 ? sms : 1));
+      // R's split in the caller's workspace, or in one of the stream's own (freed behind the kernels).
+      RotationSplit256* split = static_cast<RotationSplit256*>(p.workspace);
+      if (!split) {
+        const cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&split), sizeof(RotationSplit256), stream);
+        if (e != cudaSuccess)
+          throw std::runtime_error(std::string("quantize-pack: workspace allocation failed: ") + cudaGetErrorString(e));
+      }
+      rotation_split_kernel<<<D / 16, kRotF16Threads, 0, stream>>>(p.rotation, split);
       quantize_rows_rotated_f16_kernel<D, KMAX>
-          <<<(unsigned)ctas, kRotF16Threads, rot_f16_smem_bytes<D>(), stream>>>(p, k_top);
+          <<<(unsigned)ctas, kRotF16Threads, rot_f16_smem_bytes<D>(), stream>>>(p, k_top, split);
+      if (!p.workspace) cudaFreeAsync(split, stream);
     }
     return;
   }
@@ -1730,6 +1757,11 @@ void check_quantize_pack(const QuantizePackParams& p) {
   require(p.rows == 0 || (p.input && p.codes && p.metadata_out), "null pointer");
   require(!p.metadata_out_fp16 || p.metadata == MetadataRounding::fp16,
           "fp16 metadata storage needs metadata rounded to fp16");
+  require(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0, "workspace not 16-byte aligned");
+}
+
+size_t quantize_pack_workspace_bytes(const QuantizePackParams& p) {
+  return p.rotation && p.head_dim == 256 ? sizeof(RotationSplit256) : 0;
 }
 
 void launch_quantize_pack(const QuantizePackParams& p, cudaStream_t stream) {

@@ -3,6 +3,7 @@
 // oscar::quantize_row + pack_codes on the same rotated row. Serves prefill and the demotion of the
 // oldest recent-window tokens into INT2 pages. CPU twin: quantize_pack_rows_reference (lib/backend).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -25,9 +26,15 @@ struct QuantizePackParams {
   int metadata_stride = 2;         // floats per destination row (4 in the paged layout: k s, k z, v s, v z)
   int metadata_offset = 0;         // 0 for keys, 2 for values in the paged layout
   const int64_t* destination_rows = nullptr;  // [N] destination row of each input row; null = identity
+  void* workspace = nullptr;  // quantize_pack_workspace_bytes(params) bytes of device memory, 16-byte aligned, used by
+                              // the call in stream order (not shared with a concurrent call); null = the call
+                              // allocates it on its stream (cudaMallocAsync) where it needs one
 };
 
 void check_quantize_pack(const QuantizePackParams& params);
+// Device memory a call with these parameters needs besides its operands (d = 256 with a rotation: R split into fp16
+// hi / lo fragments once per call, ~257 KB; else 0).
+size_t quantize_pack_workspace_bytes(const QuantizePackParams& params);
 void launch_quantize_pack(const QuantizePackParams& params, cudaStream_t stream);
 
 }  // namespace oscar::kernels

@@ -391,6 +391,8 @@ int bench_main(int argc, char** argv) {
       p.metadata = kernels::MetadataRounding::fp32;
       p.codes = codes.get();
       p.metadata_out = meta.get();
+      DeviceBuffer<uint8_t> workspace(kernels::quantize_pack_workspace_bytes(p));  // allocated once, as a server would
+      p.workspace = workspace.get();
       Timing t = timer.time([&] { kernels::launch_quantize_pack(p, nullptr); });
       const double bytes = 1.0 * quant_rows * (head_dim * 4 + head_dim / 4 + 8);
       const double tbps = bytes / (t.median_us * 1e-6) / 1e12;

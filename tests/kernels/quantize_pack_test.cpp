@@ -145,8 +145,11 @@ struct RotatedRun {
 };
 
 // fp16_storage: the kernel writes the metadata as fp16 (needs fp16 metadata); run.meta holds them as floats.
+// caller_workspace: the call gets its workspace (quantize_pack_workspace_bytes) from the caller, poisoned, instead of
+// allocating one on the stream.
 RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& rot, long rows, int d, float clip = 0.96f,
-                       MetadataType metadata = MetadataType::fp32, bool fp16_storage = false) {
+                       MetadataType metadata = MetadataType::fp32, bool fp16_storage = false,
+                       bool caller_workspace = false) {
   QuantizerConfig config;
   config.clip_ratio = clip;
   config.metadata = metadata;
@@ -170,6 +173,11 @@ RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& ro
   p.codes = dcodes.get();
   p.metadata_out = fp16_storage ? static_cast<void*>(dmeta16.get()) : dmeta.get();
   p.metadata_out_fp16 = fp16_storage;
+  DeviceBuffer<uint8_t> workspace;
+  if (caller_workspace) {
+    workspace.upload(std::vector<uint8_t>(kernels::quantize_pack_workspace_bytes(p), 0xAB));
+    p.workspace = workspace.get();
+  }
   kernels::launch_quantize_pack(p, nullptr);
   cuda_check(cudaGetLastError(), "launch");
   cuda_check(cudaDeviceSynchronize(), "sync");
@@ -341,6 +349,24 @@ TEST(QuantizePack, RotationWithZeroAndFallbackRowsBitIdentical) {
   }
 }
 
+// d = 256 splits R into a workspace first: the caller's (poisoned beforehand) and the call's own give the same bits.
+TEST(QuantizePack, RotationWorkspaceOfCallerOrStreamSameBits) {
+  const int d = 256;
+  const long rows = 3001;
+  auto x = test::random_normal(static_cast<size_t>(rows) * d, 61, 3.0f);
+  auto rot = test::random_normal(static_cast<size_t>(d) * d, 62, 1.0f / std::sqrt(static_cast<float>(d)));
+  kernels::QuantizePackParams p;
+  p.head_dim = d;
+  EXPECT_EQ(kernels::quantize_pack_workspace_bytes(p), 0u);
+  p.rotation = rot.data();
+  EXPECT_GT(kernels::quantize_pack_workspace_bytes(p), size_t{256} * d * 4);  // R's fp16 hi and lo at least
+  const RotatedRun own = run_rotated(x, rot, rows, d);
+  const RotatedRun given = run_rotated(x, rot, rows, d, 0.96f, MetadataType::fp32, false, true);
+  EXPECT_EQ(own.codes, given.codes);
+  EXPECT_EQ(own.meta, given.meta);
+  test::expect_codes_close(given.codes, given.ref_codes, rows, d, "caller's workspace");
+}
+
 TEST(QuantizePack, RefusesUnsupportedShapes) {
   kernels::QuantizePackParams p;
   p.rows = 1;
@@ -353,6 +379,8 @@ TEST(QuantizePack, RefusesUnsupportedShapes) {
   EXPECT_THROW(kernels::check_quantize_pack(p), std::invalid_argument);
   p.metadata = kernels::MetadataRounding::fp16;
   EXPECT_NO_THROW(kernels::check_quantize_pack(p));
+  p.workspace = reinterpret_cast<uint8_t*>(dummy.data()) + 4;  // not 16-byte aligned
+  EXPECT_THROW(kernels::check_quantize_pack(p), std::invalid_argument);
 }
 
 }  // namespace
