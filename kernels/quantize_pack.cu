@@ -1086,6 +1086,21 @@ __device__ __forceinline__ uint4 rotation_b_fragment(const float* rotation, int 
   return f;
 }
 
+// A wgmma core-matrix row of R (K-major, fp16, columns scaled by col_scale and split into hi and lo): the 8 logical k
+// 8 kc + e (e < 8) of k-step ks and column n, logical k 8 kc + e being row 16 ks + 4 (e / 2) + 2 kc + e % 2 of R: the
+// order of the A fragments (k-step ks of lane (g, t) holds x's columns 16 ks + 4 t .. 16 ks + 4 t + 3 as logical k
+// 2t, 2t + 1, 2t + 8, 2t + 9).
+template <int D>
+__device__ __forceinline__ void rotation_core_row(const float* rotation, int ks, int kc, int n, const float* col_scale,
+                                                  uint4& hi, uint4& lo) {
+  const float* r = rotation + (size_t)(16 * ks + 2 * kc) * D + n;
+  const float cs = col_scale[n];
+  split_fp16x2(__ldg(r), __ldg(r + D), cs, hi.x, lo.x);
+  split_fp16x2(__ldg(r + 4 * D), __ldg(r + 5 * D), cs, hi.y, lo.y);
+  split_fp16x2(__ldg(r + 8 * D), __ldg(r + 9 * D), cs, hi.z, lo.z);
+  split_fp16x2(__ldg(r + 12 * D), __ldg(r + 13 * D), cs, hi.w, lo.w);
+}
+
 // d = 128: one CTA of 20 warps per SM (<= 96 registers); d = 64: two CTAs of 8 (<= 128 registers).
 template <int D, int KMAX>
 __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
@@ -1182,18 +1197,11 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
   };
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
   if constexpr (WGMMA) {
-    // Core-matrix row (k-step ks, column n, core column kc) = logical k 8 kc + e (e < 8), which is row
-    // 16 ks + 4 (e / 2) + 2 kc + e % 2 of R: the order of the producers' A fragments (k-step ks of lane (g, t) holds
-    // x's columns 16 ks + 4 t .. 16 ks + 4 t + 3 as logical k 2t, 2t + 1, 2t + 8, 2t + 9).
+    // R_hi, then R_lo: core-matrix rows (rotation_core_row), [k-step][8 n][2 core columns][8 n].
     for (int i = threadIdx.x; i < KSTEPS * D * 2; i += THREADS) {
       const int kc = i % 2, n = (i / 2) % D, ks = i / (2 * D);
-      const float* r = p.rotation + (size_t)(16 * ks + 2 * kc) * D + n;
-      const float cs = col_scale[n];
       uint4 hi, lo;
-      split_fp16x2(__ldg(r), __ldg(r + D), cs, hi.x, lo.x);
-      split_fp16x2(__ldg(r + 4 * D), __ldg(r + 5 * D), cs, hi.y, lo.y);
-      split_fp16x2(__ldg(r + 8 * D), __ldg(r + 9 * D), cs, hi.z, lo.z);
-      split_fp16x2(__ldg(r + 12 * D), __ldg(r + 13 * D), cs, hi.w, lo.w);
+      rotation_core_row<D>(p.rotation, ks, kc, n, col_scale, hi, lo);
       // Column n at wgmma column 8 (n / 8) + 2 (n % 4) + (n % 8) / 4, so that the accumulators of a lane hold, per
       // n-tile, columns 4 e + t of its eight (e = 0, 1): the fragments of stmatrix (the scale-back, below).
       const int at = ks * 2 * D + (n / 8) * 16 + kc * 8 + 2 * (n % 4) + (n % 8) / 4;  // 16-byte units
@@ -1473,15 +1481,17 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
 // still fit: 2183 us, 20 bytes of spills; the next tile's first R chunk issued before the quantiser: 1974.)
 constexpr int kRotF16Threads = 256;
 
-// d = 256: R split for the quantiser (rotation_split_kernel), in global memory (the caller's workspace).
+// d = 256: R split for the quantiser (rotation_split_kernel), in global memory (the caller's workspace). A k-step
+// (16 KB) holds, for wgmma (sm_90a builds), R_hi's core-matrix rows (rotation_core_row) [32 n-groups of 8][2 core
+// columns][8 n], then R_lo's; for mma.sync, the B fragments [32 n-tiles][32 lanes] (rotation_b_fragment).
 struct RotationSplit256 {
-  static constexpr int D = 256, KSTEP_FRAGMENTS = (D / 8) * 32;  // one k-step: [n-tile][lane]
-  uint4 fragments[(D / 16) * KSTEP_FRAGMENTS];                   // [k-step][n-tile][lane]: rotation_b_fragment
+  static constexpr int D = 256, KSTEP_FRAGMENTS = (D / 8) * 32;  // 16-byte units per k-step
+  uint4 fragments[(D / 16) * KSTEP_FRAGMENTS];                   // [k-step][KSTEP_FRAGMENTS]
   float col_inverse[D];                                          // 2^-c_n
   int uniform, column_shift;                                     // ColumnShifts
 };
 
-// One CTA per k-step of R: the column shifts (every CTA alike; CTA 0 stores them), then the k-step's fragments.
+// One CTA per k-step of R: the column shifts (every CTA alike; CTA 0 stores them), then the k-step's 16 KB.
 __global__ void __launch_bounds__(kRotF16Threads) rotation_split_kernel(const float* __restrict__ rotation,
                                                                         RotationSplit256* __restrict__ out) {
   constexpr int D = RotationSplit256::D, F = RotationSplit256::KSTEP_FRAGMENTS;
@@ -1491,8 +1501,21 @@ __global__ void __launch_bounds__(kRotF16Threads) rotation_split_kernel(const fl
     for (int n = threadIdx.x; n < D; n += kRotF16Threads) out->col_inverse[n] = col_inverse[n];
     if (threadIdx.x == 0) out->uniform = shifts.uniform, out->column_shift = shifts.shift;
   }
+  uint4* const ks_out = out->fragments + blockIdx.x * F;
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+  static_assert(F == 4 * D, "R_hi and R_lo: two core columns of D rows each");
+  for (int i = threadIdx.x; i < 2 * D; i += kRotF16Threads) {
+    const int kc = i % 2, n = i / 2;
+    uint4 hi, lo;
+    rotation_core_row<D>(rotation, blockIdx.x, kc, n, col_scale, hi, lo);
+    const int at = (n / 8) * 16 + kc * 8 + n % 8;
+    ks_out[at] = hi;
+    ks_out[2 * D + at] = lo;
+  }
+#else
   for (int i = threadIdx.x; i < F; i += kRotF16Threads)
-    out->fragments[blockIdx.x * F + i] = rotation_b_fragment<D>(rotation, blockIdx.x, i / 32, i % 32, col_scale);
+    ks_out[i] = rotation_b_fragment<D>(rotation, blockIdx.x, i / 32, i % 32, col_scale);
+#endif
 }
 
 template <int D>
@@ -1507,7 +1530,7 @@ __global__ void __launch_bounds__(kRotF16Threads, 2)
                                      const RotationSplit256* __restrict__ split) {
   static_assert(D == RotationSplit256::D, "8 warps of 32 output columns");
   constexpr int THREADS = kRotF16Threads, ROWS = kRowThreads, XS = D + 4, F = RotationSplit256::KSTEP_FRAGMENTS;
-  constexpr int KSTEPS = D / 16, MTILES = ROWS / 16, NT = 4;  // n-tiles per warp
+  constexpr int KSTEPS = D / 16;
   extern __shared__ __align__(128) float smem[];
   float* tile = smem;                                              // [64][D + 4]: x, split x, then x.R
   uint4* rchunk = reinterpret_cast<uint4*>(tile + ROWS * XS);      // [2][F]: a k-step of R's fragments
@@ -1515,7 +1538,6 @@ __global__ void __launch_bounds__(kRotF16Threads, 2)
   float* row_inverse = col_inverse + D;                            // [64] 2^-r_i (2^-(r_i + c) with uniform columns)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int rho = g / 2 + 4 * (g % 2);  // tile row of fragment row g (conflict-free 16-byte A loads)
-  const int n_base = 32 * warp;
   const long tiles = (p.rows + ROWS - 1) / ROWS;
   // Copies: thread i takes 16 bytes q = i % 64 of rows i / 64 + 4 j (j < 16) of the x tile, and fragments i + 256 j
   // (j < 4) of a k-step.
@@ -1585,6 +1607,59 @@ __global__ void __launch_bounds__(kRotF16Threads, 2)
         split_row_pair_in_place(tile + upper * XS + 4 * part_chunk(c), tile + lower * XS + 4 * part_chunk(c),
                                 scale_upper, scale_lower);
     }
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+    {  // wgmma: warpgroup h computes columns [128 h, 128 h + 128) of the 64 rows, its warp w the rows of m-tile w
+      const int h = __shfl_sync(0xffffffffu, warp / 4, 0), w = warp % 4;  // (warp-uniform: no serialised wgmma)
+      const uint32_t r_hi = static_cast<uint32_t>(__cvta_generic_to_shared(rchunk)) + h * (F / 4) * 16;
+      float d[64];
+#pragma unroll
+      for (int e = 0; e < 64; ++e) d[e] = 0.f;
+      uint32_t a_hi[2][4], a_lo[2][4];  // k-steps c % 2
+      auto load_a = [&](int c, uint32_t(&hi)[4], uint32_t(&lo)[4]) {
+        const uint4 u = *reinterpret_cast<const uint4*>(tile + (16 * w + rho) * XS + 4 * (4 * c + t));
+        const uint4 v = *reinterpret_cast<const uint4*>(tile + (16 * w + rho + 8) * XS + 4 * (4 * c + t));
+        hi[0] = u.x, hi[1] = u.y, hi[2] = u.z, hi[3] = u.w, lo[0] = v.x, lo[1] = v.y, lo[2] = v.z, lo[3] = v.w;
+      };
+      // R's k-step 0 has landed (the wait before the split); the cp.async writes go to the tensor cores' proxy.
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncthreads();  // the split x and k-step 0 visible
+      load_a(0, a_hi[0], a_lo[0]);
+#pragma unroll 2
+      for (int c = 0; c < KSTEPS; ++c) {
+        const int b = c % 2;
+        if (c + 1 < KSTEPS) load_r_chunk(c + 1);  // into the buffer of k-step c - 1, whose wgmma all completed
+        wgmma_fence();
+        const uint64_t hi_desc = wgmma_descriptor(r_hi + b * F * 16), lo_desc = wgmma_descriptor(r_hi + b * F * 16 + F * 8);
+        wgmma_f16_rs(d, a_lo[b], hi_desc);
+        wgmma_f16_rs(d, a_hi[b], lo_desc);
+        wgmma_f16_rs(d, a_hi[b], hi_desc);
+        wgmma_commit();
+        if (c + 1 < KSTEPS) load_a(c + 1, a_hi[1 - b], a_lo[1 - b]);  // while the tensor cores run
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        wgmma_wait<0>();
+        __syncthreads();  // k-step c + 1 visible; every warpgroup done with k-step c's buffer
+      }
+#pragma unroll
+      for (int e = 0; e < 64; ++e) fence_register(d[e]);
+      // Accumulators: d[4 j + e] (e < 2) = fragment row g, column 128 h + 8 j + 2 t + e; e = 2, 3 fragment row g + 8.
+      const float ru = row_inverse[16 * w + rho], rl = row_inverse[16 * w + rho + 8];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int col = 128 * h + 8 * j + 2 * t;
+        float2 cu = make_float2(d[4 * j] * ru, d[4 * j + 1] * ru);
+        float2 cl = make_float2(d[4 * j + 2] * rl, d[4 * j + 3] * rl);
+        if (!uniform_columns) {
+          const float2 ci = *reinterpret_cast<const float2*>(col_inverse + col);
+          cu.x *= ci.x, cu.y *= ci.y, cl.x *= ci.x, cl.y *= ci.y;
+        }
+        *reinterpret_cast<float2*>(tile + (16 * w + rho) * XS + col) = cu;
+        *reinterpret_cast<float2*>(tile + (16 * w + rho + 8) * XS + col) = cl;
+      }
+    }
+#else  // mma.sync: warp w computes columns [32 w, 32 w + 32) of the 64 rows
+    constexpr int MTILES = ROWS / 16, NT = 4;  // n-tiles per warp
+    const int n_base = 32 * warp;
     float acc[MTILES][NT][4];
 #pragma unroll
     for (int m = 0; m < MTILES; ++m)
@@ -1632,6 +1707,7 @@ __global__ void __launch_bounds__(kRotF16Threads, 2)
         *reinterpret_cast<float2*>(tile + (16 * m + rho + 8) * XS + col) = cl;
       }
     }
+#endif
     __syncthreads();
     // Two lanes per row: lanes r and r + 16 of warp w < 4 share row 16 w + r (rows past the end: zeros, not stored).
     if (warp * 16 < rows) {
