@@ -1463,22 +1463,25 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
   }
 }
 
-// ---------------------------------------------------------------- rotated path, d = 256: fp16 split on mma.sync
+// ---------------------------------------------------------------- rotated path, d = 256: fp16 split, R streamed
 // R_hi and R_lo in fp16 (256 KB) do not fit in shared memory, so R is streamed. First, once per call,
 // rotation_split_kernel splits R into a workspace (RotationSplit256): the column shifts 2^c_n (as the split kernel:
-// max |R[:, n]| 2^c_n in [2^13, 2^14), one shift for all columns when they lie within 7) and the fp16 hi / lo B
-// fragments of mma.sync m16n8k16 (rotation_b_fragment). Then persistent CTAs of 8 warps, two per SM, over 64-row
-// tiles. Per tile: cp.async of x; each row pair split in place into the fp16 A fragments (row scale 2^r_i from
-// the sum of |x_i|, as the split kernel; lane (g, t) holds k 4t .. 4t + 3 of a k-step, fragment row g = tile row
-// rho(g)); R's fragments streamed a k-step (16 KB) at a time (cp.async, two buffers, one CTA barrier per
-// k-step), each warp reading those of its 32 columns with one 16-byte load per n-tile; x.R = hi.hi + hi.lo + lo.hi
-// with fp32 accumulation (the d <= 128 kernels' accuracy argument), scaled back by 2^-r_i 2^-c_n into the tile;
-// then two lanes per row quantise (warps 0-3). H200, 1M rows: 3364 us with the former kernel (3xTF32 mma.sync, R
-// in fp32 chunks, the plain quantiser on 64 threads), 2287 with two lanes per row there, 1937 with this one while
-// each warp split R's fp32 chunks itself, every tile (16 KB of R per k-step then, too). 3 fp16 products of [1M, 256] x
-// [256, 256] are ~400 GFLOP: at the H200's dense fp16 rate (~990 TFLOP/s with wgmma, less with mma.sync) that
-// alone takes >= ~410 us. (Not kept: a ring of three R chunks, x and R in unpadded swizzled rows so that two CTAs
-// still fit: 2183 us, 20 bytes of spills; the next tile's first R chunk issued before the quantiser: 1974.)
+// max |R[:, n]| 2^c_n in [2^13, 2^14), one shift for all columns when they lie within 7) and R's fp16 hi / lo parts
+// in the order the products read them. Then persistent CTAs of 8 warps, two per SM, over 64-row tiles. Per tile:
+// cp.async of x; each row pair split in place into the fp16 A fragments (row scale 2^r_i from the sum of |x_i|, as
+// the split kernel; lane (g, t) holds k 4t .. 4t + 3 of a k-step, fragment row g = tile row rho(g)); R streamed a
+// k-step (16 KB) at a time (cp.async, two buffers, one CTA barrier per k-step); x.R = hi.hi + hi.lo + lo.hi with
+// fp32 accumulation (the d <= 128 kernels' accuracy argument): on wgmma (sm_90a), warpgroup h takes the columns
+// [128 h, 128 h + 128) with A from registers (warp w: m-tile w) and the k-step's core matrices as B; on mma.sync,
+// warp w takes the columns [32 w, 32 w + 32) with one 16-byte B fragment per n-tile. Scaled back by 2^-r_i 2^-c_n
+// into the tile; then two lanes per row quantise (warps 0-3). H200, 1M rows: 3364 us with the former kernel (3xTF32
+// mma.sync, R in fp32 chunks, the plain quantiser on 64 threads), 2287 with two lanes per row there, 1937 on
+// mma.sync with each warp splitting R's fp32 chunks itself for every tile, 1472 with R split once per call, 1177 on
+// wgmma (log, fiftieth round: the k-step loop is now bound by latency, one k-step in flight per CTA). 3 fp16
+// products of [1M, 256] x [256, 256] are ~400 GFLOP: at the H200's dense fp16 rate (~990 TFLOP/s with wgmma) that
+// alone takes >= ~410 us. (Not kept, on mma.sync: a ring of three R chunks, x and R in unpadded swizzled rows so
+// that two CTAs still fit: 2183 us, 20 bytes of spills; the next tile's first R chunk issued before the quantiser:
+// 1974.)
 constexpr int kRotF16Threads = 256;
 
 // d = 256: R split for the quantiser (rotation_split_kernel), in global memory (the caller's workspace). A k-step
@@ -1528,7 +1531,7 @@ template <int D, int KMAX>
 __global__ void __launch_bounds__(kRotF16Threads, 2)
     quantize_rows_rotated_f16_kernel(const __grid_constant__ QuantizePackParams p, int k_top,
                                      const RotationSplit256* __restrict__ split) {
-  static_assert(D == RotationSplit256::D, "8 warps of 32 output columns");
+  static_assert(D == RotationSplit256::D, "the d = 256 kernel");
   constexpr int THREADS = kRotF16Threads, ROWS = kRowThreads, XS = D + 4, F = RotationSplit256::KSTEP_FRAGMENTS;
   constexpr int KSTEPS = D / 16;
   extern __shared__ __align__(128) float smem[];
@@ -1629,7 +1632,8 @@ __global__ void __launch_bounds__(kRotF16Threads, 2)
         const int b = c % 2;
         if (c + 1 < KSTEPS) load_r_chunk(c + 1);  // into the buffer of k-step c - 1, whose wgmma all completed
         wgmma_fence();
-        const uint64_t hi_desc = wgmma_descriptor(r_hi + b * F * 16), lo_desc = wgmma_descriptor(r_hi + b * F * 16 + F * 8);
+        const uint32_t r_b = r_hi + b * F * 16;  // k-step c's buffer: R_hi, then R_lo F * 8 bytes on
+        const uint64_t hi_desc = wgmma_descriptor(r_b), lo_desc = wgmma_descriptor(r_b + F * 8);
         wgmma_f16_rs(d, a_lo[b], hi_desc);
         wgmma_f16_rs(d, a_hi[b], lo_desc);
         wgmma_f16_rs(d, a_hi[b], hi_desc);
