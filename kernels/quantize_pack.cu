@@ -1792,19 +1792,23 @@ void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
   quantize_rows_kernel<D, KMAX><<<blocks, kRowThreads, row_tile_bytes<D>(), stream>>>(p, k_top);
 }
 
-// The thread-per-row path when the clip threshold is among the top 16 magnitudes (or no clipping);
-// false: use the warp-per-row path.
+// Whether a call takes the thread-per-row path (launch_rows): the clip threshold among the top 16 magnitudes (or no
+// clipping) and 16-byte aligned operands. Otherwise the warp-per-row path.
+bool takes_rows_path(const QuantizePackParams& p) {
+  auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const bool aligned = aligned16(p.input) && aligned16(p.codes) && aligned16(p.rotation);
+  return aligned && clip_top_count(p.clip_ratio, p.head_dim) <= 16;
+}
+
 template <int D>
 bool launch_rows_fast(const QuantizePackParams& p, cudaStream_t stream) {
+  if (!takes_rows_path(p)) return false;
   const int k = clip_top_count(p.clip_ratio, D);
-  if (reinterpret_cast<uintptr_t>(p.input) % 16 != 0 || reinterpret_cast<uintptr_t>(p.codes) % 16 != 0) return false;
-  if (p.rotation && reinterpret_cast<uintptr_t>(p.rotation) % 16 != 0) return false;
   if (k == 0) launch_rows<D, 0>(p, 0, stream);
   else if (k <= 4) launch_rows<D, 4>(p, k, stream);
   else if (k <= 6) launch_rows<D, 6>(p, k, stream);
   else if (k <= 8) launch_rows<D, 8>(p, k, stream);
-  else if (k <= 16) launch_rows<D, 16>(p, k, stream);
-  else return false;
+  else launch_rows<D, 16>(p, k, stream);
   return true;
 }
 
@@ -1841,7 +1845,7 @@ void check_quantize_pack(const QuantizePackParams& p) {
 }
 
 size_t quantize_pack_workspace_bytes(const QuantizePackParams& p) {
-  return p.rotation && p.head_dim == 256 ? sizeof(RotationSplit256) : 0;
+  return p.rotation && p.head_dim == 256 && takes_rows_path(p) ? sizeof(RotationSplit256) : 0;
 }
 
 void launch_quantize_pack(const QuantizePackParams& p, cudaStream_t stream) {

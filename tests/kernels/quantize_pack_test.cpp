@@ -360,6 +360,8 @@ TEST(QuantizePack, RotationWorkspaceOfCallerOrStreamSameBits) {
   EXPECT_EQ(kernels::quantize_pack_workspace_bytes(p), 0u);
   p.rotation = rot.data();
   EXPECT_GT(kernels::quantize_pack_workspace_bytes(p), size_t{256} * d * 4);  // R's fp16 hi and lo at least
+  p.clip_ratio = 0.9f;  // 26 clipped values: the warp-per-row path, which needs none
+  EXPECT_EQ(kernels::quantize_pack_workspace_bytes(p), 0u);
   const RotatedRun own = run_rotated(x, rot, rows, d);
   const RotatedRun given = run_rotated(x, rot, rows, d, 0.96f, MetadataType::fp32, false, true);
   EXPECT_EQ(own.codes, given.codes);
