@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: configure + build, run the gpu tests, run compute-sanitizer memcheck and
-# racecheck on them, run oscar-bench and the PyTorch SDPA comparison; logs and results go to OUTDIR.
+# racecheck on them, run oscar-bench and the PyTorch SDPA comparison, then the same checks and the quantise-pack
+# timings for the quantise-pack's mma.sync path (a second build); logs and results go to OUTDIR.
 # Usage: tests/gpu_check.sh [OUTDIR] [oscar-bench args...]   (default OUTDIR gpu-check)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +41,42 @@ if [ -z "${SKIP_TORCH:-}" ]; then
   echo "== PyTorch SDPA" | tee -a "$log"
   PYTHONUNBUFFERED=1 python3 examples/bench_vs_torch.py >"$out/torch.md" 2>"$out/torch.log" || status=1
   cat "$out/torch.md" | tee -a "$log"
+fi
+# The quantise-pack's mma.sync path, which GPUs other than sm_90 run (sm_90a builds take wgmma for x.R at d >= 128):
+# its tests under both sanitizers and its quantise-pack timings, from a build with -DOSCAR_QUANTIZE_WGMMA=OFF
+# (PREBUILT: DIR/portable/ holds that build's oscar_gpu_tests and oscar-bench). PORTABLE=0 skips this part.
+if [ "${PORTABLE:-1}" != 0 ]; then
+  pbuild=${PORTABLE_BUILD_DIR:-$build-portable}
+  echo "== quantise-pack, mma.sync path ($pbuild)" | tee -a "$log"
+  if [ -n "${PREBUILT:-}" ]; then
+    mkdir -p "$pbuild/tests" "$pbuild/bin"
+    cp "$PREBUILT/portable/oscar_gpu_tests" "$pbuild/tests/" && cp "$PREBUILT/portable/oscar-bench" "$pbuild/bin/"
+  elif ! { cmake -S . -B "$pbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+             -DOSCAR_QUANTIZE_WGMMA=OFF &&
+           cmake --build "$pbuild" -j"$(nproc)" --target oscar_gpu_tests oscar-bench; } >"$out/build_portable.log" 2>&1; then
+    tail -40 "$out/build_portable.log" | tee -a "$log"
+    echo "PORTABLE BUILD FAILED" | tee -a "$log"
+    echo "== status 1" | tee -a "$log"
+    exit 1
+  fi
+  "$pbuild/tests/oscar_gpu_tests" --gtest_filter='*QuantizePack*' 2>&1 | tee "$out/gpu_tests_portable.log" |
+    grep -E "^\[  (PASSED|FAILED) |FAILED|Failure|error" | tee -a "$log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  quantize_filter=$(tr ':' '\n' <<<"$sanitize_filter" | grep QuantizePack | paste -sd:)
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer $tool (mma.sync path)" | tee -a "$log"
+    timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool "$tool" --error-exitcode 3 "$pbuild/tests/oscar_gpu_tests" \
+      --gtest_filter="$quantize_filter" >"$out/sanitizer_${tool}_portable.log" 2>&1
+    rc=$?
+    tail -3 "$out/sanitizer_${tool}_portable.log" | tee -a "$log"
+    [ $rc -eq 0 ] || { status=1; echo "$tool exit $rc" | tee -a "$log"; }
+  done
+  for d in 64 128 256; do
+    echo "== oscar-bench --kernels quant --head-dim $d (mma.sync path)" | tee -a "$log"
+    "$pbuild/bin/oscar-bench" --kernels quant --head-dim $d --iterations 20 --settle-ms 200 -o "$out/bench_portable_d$d.md" \
+      2>>"$out/bench_portable.log" || status=1
+    cat "$out/bench_portable_d$d.md" | tee -a "$log"
+  done
 fi
 echo "== status $status" | tee -a "$log"
 exit $status
