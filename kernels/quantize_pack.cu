@@ -896,9 +896,11 @@ constexpr int split_smem_bytes() {
          + (2 * D + split_warps<D>() * split_warp_rows<D>() * split_row_floats<D>() + handover_extra) *
                (int)sizeof(float);
 }
-// A CTA's shared memory on sm_90 is at most 227 KB; the d = 128 kernel's static part (mbarriers, shifts) takes 128
-// bytes of what is left.
-static_assert(split_smem_bytes<128>() <= 227 * 1024 - 512, "the d = 128 split kernel's shared memory does not fit");
+// Room left beside a kernel's dynamic shared memory for its static variables (the d = 128 split kernel's mbarriers and
+// shifts take 128 bytes). A CTA's shared memory on sm_90 is at most 227 KB.
+constexpr int kStaticSmemRoom = 512;
+static_assert(split_smem_bytes<128>() <= 227 * 1024 - kStaticSmemRoom,
+              "the d = 128 split kernel's shared memory does not fit");
 
 // 2^s for s in [-126, 127].
 __device__ __forceinline__ float exp2_int(int s) { return __int_as_float((s + 127) << 23); }
@@ -1792,12 +1794,36 @@ void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
   quantize_rows_kernel<D, KMAX><<<blocks, kRowThreads, row_tile_bytes<D>(), stream>>>(p, k_top);
 }
 
+// The current device's largest dynamic shared memory per block (opt-in), in bytes (0 without a device).
+int device_smem_optin() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    return 0;
+  return bytes;
+}
+
+// Dynamic shared memory of the thread-per-row kernel that launch_rows takes (rotated d = 128: ~227 KB, which H100,
+// H200 and B200 grant but A100 (163 KB) and L40S or RTX boards (99 KB) do not; rotated d = 256 ~100 KB).
+template <int D>
+int rows_path_smem_bytes(bool rotated) {
+  if (!rotated) return row_tile_bytes<D>();
+  if constexpr (D <= 128) return split_smem_bytes<D>();
+  else return rot_f16_smem_bytes<D>();
+}
+
 // Whether a call takes the thread-per-row path (launch_rows): the clip threshold among the top 16 magnitudes (or no
-// clipping) and 16-byte aligned operands. Otherwise the warp-per-row path.
+// clipping), 16-byte aligned operands and a device that grants the kernel's shared memory. Otherwise the warp-per-row
+// path (the same codes and metadata, slower).
 bool takes_rows_path(const QuantizePackParams& p) {
   auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const bool aligned = aligned16(p.input) && aligned16(p.codes) && aligned16(p.rotation);
-  return aligned && clip_top_count(p.clip_ratio, p.head_dim) <= 16;
+  if (!aligned || clip_top_count(p.clip_ratio, p.head_dim) > 16) return false;
+  const bool rotated = p.rotation != nullptr;
+  const int smem = p.head_dim == 64    ? rows_path_smem_bytes<64>(rotated)
+                   : p.head_dim == 128 ? rows_path_smem_bytes<128>(rotated)
+                                       : rows_path_smem_bytes<256>(rotated);
+  return smem + kStaticSmemRoom <= device_smem_optin();
 }
 
 template <int D>
@@ -1821,7 +1847,11 @@ void launch_dim(const QuantizePackParams& p, cudaStream_t stream) {
   const unsigned blocks = (unsigned)((p.rows + kRowsPerCta - 1) / kRowsPerCta);
   if (launch_rows_fast<D>(p, stream)) return;  // thread per row (with x.R on tensor cores when rotating)
   if (p.rotation) {
-    const int smem = (kRowsPerCta * (D + 4) + kChunk * D) * (int)sizeof(float);
+    const int smem = (kRowsPerCta * (D + 4) + kChunk * D) * (int)sizeof(float);  // d = 256: 66 KB
+    if (smem > device_smem_optin())
+      throw std::runtime_error("quantize-pack: a rotation at d = " + std::to_string(D) + " needs " +
+                               std::to_string(smem) + " bytes of shared memory per block; this GPU grants " +
+                               std::to_string(device_smem_optin()));
     cudaFuncSetAttribute(quantize_pack_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     quantize_pack_kernel<D, true><<<blocks, kThreads, smem, stream>>>(p);
   } else {

@@ -32,8 +32,9 @@ struct QuantizePackParams {
 };
 
 void check_quantize_pack(const QuantizePackParams& params);
-// Device memory a call with these parameters needs besides its operands (d = 256 with a rotation, on the path for clip
-// thresholds among the top 16 magnitudes: R split into fp16 hi / lo fragments by a first kernel, ~257 KB; else 0).
+// Device memory a call with these parameters needs on the current device besides its operands (d = 256 with a
+// rotation, on the path for clip thresholds among the top 16 magnitudes where the device grants that kernel's ~100 KB of
+// shared memory: R split into fp16 hi / lo fragments by a first kernel, ~257 KB; else 0).
 size_t quantize_pack_workspace_bytes(const QuantizePackParams& params);
 void launch_quantize_pack(const QuantizePackParams& params, cudaStream_t stream);
 

@@ -42,7 +42,7 @@ if [ -z "${SKIP_TORCH:-}" ]; then
   PYTHONUNBUFFERED=1 python3 examples/bench_vs_torch.py >"$out/torch.md" 2>"$out/torch.log" || status=1
   cat "$out/torch.md" | tee -a "$log"
 fi
-# The quantise-pack's mma.sync path, which GPUs other than sm_90 run (sm_90a builds take wgmma for x.R at d >= 128):
+# The quantise-pack's mma.sync path, which builds for any architecture but sm_90a run (those take wgmma at d >= 128):
 # its tests under both sanitizers and its quantise-pack timings, from a build with -DOSCAR_QUANTIZE_WGMMA=OFF
 # (PREBUILT: DIR/portable/ holds that build's oscar_gpu_tests and oscar-bench). PORTABLE=0 skips this part.
 if [ "${PORTABLE:-1}" != 0 ]; then
@@ -53,7 +53,8 @@ if [ "${PORTABLE:-1}" != 0 ]; then
     cp "$PREBUILT/portable/oscar_gpu_tests" "$pbuild/tests/" && cp "$PREBUILT/portable/oscar-bench" "$pbuild/bin/"
   elif ! { cmake -S . -B "$pbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
              -DOSCAR_QUANTIZE_WGMMA=OFF &&
-           cmake --build "$pbuild" -j"$(nproc)" --target oscar_gpu_tests oscar-bench; } >"$out/build_portable.log" 2>&1; then
+           cmake --build "$pbuild" -j"$(nproc)" --target oscar_gpu_tests oscar-bench; } \
+       >"$out/build_portable.log" 2>&1; then
     tail -40 "$out/build_portable.log" | tee -a "$log"
     echo "PORTABLE BUILD FAILED" | tee -a "$log"
     echo "== status 1" | tee -a "$log"
@@ -65,16 +66,16 @@ if [ "${PORTABLE:-1}" != 0 ]; then
   quantize_filter=$(tr ':' '\n' <<<"$sanitize_filter" | grep QuantizePack | paste -sd:)
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer $tool (mma.sync path)" | tee -a "$log"
-    timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool "$tool" --error-exitcode 3 "$pbuild/tests/oscar_gpu_tests" \
-      --gtest_filter="$quantize_filter" >"$out/sanitizer_${tool}_portable.log" 2>&1
+    timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool "$tool" --error-exitcode 3 \
+      "$pbuild/tests/oscar_gpu_tests" --gtest_filter="$quantize_filter" >"$out/sanitizer_${tool}_portable.log" 2>&1
     rc=$?
     tail -3 "$out/sanitizer_${tool}_portable.log" | tee -a "$log"
     [ $rc -eq 0 ] || { status=1; echo "$tool exit $rc" | tee -a "$log"; }
   done
   for d in 64 128 256; do
     echo "== oscar-bench --kernels quant --head-dim $d (mma.sync path)" | tee -a "$log"
-    "$pbuild/bin/oscar-bench" --kernels quant --head-dim $d --iterations 20 --settle-ms 200 -o "$out/bench_portable_d$d.md" \
-      2>>"$out/bench_portable.log" || status=1
+    "$pbuild/bin/oscar-bench" --kernels quant --head-dim $d --iterations 20 --settle-ms 200 \
+      -o "$out/bench_portable_d$d.md" 2>>"$out/bench_portable.log" || status=1
     cat "$out/bench_portable_d$d.md" | tee -a "$log"
   done
 fi
