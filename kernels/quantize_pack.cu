@@ -1814,7 +1814,7 @@ int rows_path_smem_bytes(bool rotated) {
 
 // Whether a call takes the thread-per-row path (launch_rows): the clip threshold among the top 16 magnitudes (or no
 // clipping), 16-byte aligned operands and a device that grants the kernel's shared memory. Otherwise the warp-per-row
-// path (the same codes and metadata, slower).
+// path (slower; its codes and metadata meet the same bounds against the CPU quantiser).
 bool takes_rows_path(const QuantizePackParams& p) {
   auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const bool aligned = aligned16(p.input) && aligned16(p.codes) && aligned16(p.rotation);
