@@ -1848,10 +1848,10 @@ void launch_dim(const QuantizePackParams& p, cudaStream_t stream) {
   if (launch_rows_fast<D>(p, stream)) return;  // thread per row (with x.R on tensor cores when rotating)
   if (p.rotation) {
     const int smem = (kRowsPerCta * (D + 4) + kChunk * D) * (int)sizeof(float);  // d = 256: 66 KB
-    if (const int granted = device_smem_optin(); smem > granted)
+    if (smem > device_smem_optin())
       throw std::runtime_error("quantize-pack: a rotation at d = " + std::to_string(D) + " needs " +
                                std::to_string(smem) + " bytes of shared memory per block; this GPU grants " +
-                               std::to_string(granted));
+                               std::to_string(device_smem_optin()));
     cudaFuncSetAttribute(quantize_pack_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     quantize_pack_kernel<D, true><<<blocks, kThreads, smem, stream>>>(p);
   } else {
