@@ -1,5 +1,5 @@
-// Rotate-clip-quantise-pack kernels (see quantize_pack.h). With the clip threshold among the 16
-// largest magnitudes (clip ratio >= 1 - 16/d): one thread (d = 256: two lanes) per row (below), x.R (if any) on
+// Rotate-clip-quantise-pack kernels (see quantize_pack.h). With the clip threshold among the 32
+// largest magnitudes (clip ratio >= 1 - 32/d): one thread (d = 256: two lanes) per row (below), x.R (if any) on
 // tensor cores first (fp16 split with power-of-two scaling; R streamed from L2 at d = 256). Otherwise: CTA
 // = 8 warps, 32 rows. With a rotation the CTA first computes its [32, d] tile of x.R through shared
 // memory (fp32 FMA); then each warp quantises 4 rows: a lane holds channels lane + 32k. The clip
@@ -592,16 +592,16 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
           for (int i = 0; i < KMAX; ++i) best[i] = fmaxf(best[i], v[KMAX - 1 - i]);
           sort_v_shaped_descending<KMAX>(best);
         }
-      } else if constexpr (KMAX == 16) {
-        // max(best[i], v[15 - i]) (v[j] = -1 for j >= 8: best[0..7] unchanged) is the top 16, non-increasing and
-        // then non-decreasing (best minus the reversed v is non-increasing): a bitonic merge sorts it. 2 (19 + 8 +
-        // 32) min / max instead of 256.
+      } else if constexpr (KMAX == 16 || KMAX == 32) {
+        // max(best[i], v[KMAX - 1 - i]) (v[j] = -1 for j >= 8: best[0..KMAX - 9] unchanged) is the top KMAX,
+        // non-increasing and then non-decreasing (best minus the reversed v is non-increasing): a bitonic merge sorts
+        // it. 2 (19 + 8 + 32) min / max instead of 256 for KMAX = 16, 2 (19 + 8 + 80) instead of 512 for 32.
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = absolute ? fabsf(v[i]) : v[i];
         sort_descending<8>(v);
 #pragma unroll
-        for (int i = 8; i < 16; ++i) best[i] = fmaxf(best[i], v[15 - i]);
-        bitonic_merge_descending<16>(best);
+        for (int i = KMAX - 8; i < KMAX; ++i) best[i] = fmaxf(best[i], v[KMAX - 1 - i]);
+        bitonic_merge_descending<KMAX>(best);
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) insert(absolute ? fabsf(v[i]) : v[i]);
@@ -614,7 +614,7 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
         float other[KMAX];
 #pragma unroll
         for (int i = 0; i < KMAX; ++i) other[i] = partner(best[i]);
-        if constexpr (KMAX == 16) {  // two sorted lists: the top 16 of both is bitonic (as in insert8)
+        if constexpr (KMAX == 16 || KMAX == 32) {  // two sorted lists: the top KMAX of both is bitonic (as in insert8)
 #pragma unroll
           for (int i = 0; i < KMAX; ++i) best[i] = fmaxf(best[i], other[KMAX - 1 - i]);
           bitonic_merge_descending<KMAX>(best);
@@ -1724,6 +1724,10 @@ __global__ void __launch_bounds__(kRotF16Threads, 2)
   }
 }
 
+// The thread-per-row kernels keep the top K magnitudes of a row in a sorted register list of up to 32 (a clip ratio of
+// 0.75 at d = 128, 0.875 at d = 256; every ratio at d = 64 above 0.5); larger K take the warp-per-row kernel.
+constexpr int kRowsPathTopMax = 32;
+
 // K = number of magnitudes at or above the clip threshold (0: no clipping).
 int clip_top_count(float clip_ratio, int d) {
   if (clip_ratio >= 1.0f) return 0;
@@ -1812,13 +1816,13 @@ int rows_path_smem_bytes(bool rotated) {
   else return rot_f16_smem_bytes<D>();
 }
 
-// Whether a call takes the thread-per-row path (launch_rows): the clip threshold among the top 16 magnitudes (or no
+// Whether a call takes the thread-per-row path (launch_rows): the clip threshold among the top 32 magnitudes (or no
 // clipping), 16-byte aligned operands and a device that grants the kernel's shared memory. Otherwise the warp-per-row
 // path (slower; its codes and metadata meet the same bounds against the CPU quantiser).
 bool takes_rows_path(const QuantizePackParams& p) {
   auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const bool aligned = aligned16(p.input) && aligned16(p.codes) && aligned16(p.rotation);
-  if (!aligned || clip_top_count(p.clip_ratio, p.head_dim) > 16) return false;
+  if (!aligned || clip_top_count(p.clip_ratio, p.head_dim) > kRowsPathTopMax) return false;
   const bool rotated = p.rotation != nullptr;
   const int smem = p.head_dim == 64    ? rows_path_smem_bytes<64>(rotated)
                    : p.head_dim == 128 ? rows_path_smem_bytes<128>(rotated)
@@ -1834,7 +1838,8 @@ bool launch_rows_fast(const QuantizePackParams& p, cudaStream_t stream) {
   else if (k <= 4) launch_rows<D, 4>(p, k, stream);
   else if (k <= 6) launch_rows<D, 6>(p, k, stream);
   else if (k <= 8) launch_rows<D, 8>(p, k, stream);
-  else launch_rows<D, 16>(p, k, stream);
+  else if (k <= 16) launch_rows<D, 16>(p, k, stream);
+  else launch_rows<D, 32>(p, k, stream);
   return true;
 }
 
@@ -1877,6 +1882,8 @@ void check_quantize_pack(const QuantizePackParams& p) {
 size_t quantize_pack_workspace_bytes(const QuantizePackParams& p) {
   return p.rotation && p.head_dim == 256 && takes_rows_path(p) ? sizeof(RotationSplit256) : 0;
 }
+
+bool quantize_pack_thread_per_row(const QuantizePackParams& p) { return takes_rows_path(p); }
 
 void launch_quantize_pack(const QuantizePackParams& p, cudaStream_t stream) {
   check_quantize_pack(p);

@@ -125,7 +125,7 @@ int bench_main(int argc, char** argv) {
   CommonOptions common;
   int q_heads = 32, kv_heads = 8, head_dim = 128, sink = 64, recent = 256, int2_page = 64, bf16_page = 64;
   int warmup = 5, iterations = 30, settle_ms = 500, ctas_per_sm = 0;
-  long quant_rows = 1 << 20;
+  std::string quant_rows_spec = "1048576", clip_spec = "0.96";
   std::string batch_spec = "1,8,32,64", context_spec = "8192,32768,102400,131072", format = "md";
   std::string kernels_spec = "int2,bf16,quant", flush = "read", metadata_spec = "fp32";
   bool ragged = false;
@@ -150,7 +150,14 @@ int bench_main(int argc, char** argv) {
                  "per token and KV head) and/or fp16 (8 B; pages of >= 32 tokens)")
       ->capture_default_str();
   app.add_option("--ctas-per-sm", ctas_per_sm, "split planning: resident CTAs per multiprocessor (0: the kernel's occupancy)")->capture_default_str();
-  app.add_option("--quant-rows", quant_rows, "rows for the quantise-pack benchmark")->capture_default_str();
+  app.add_option("--quant-rows", quant_rows_spec,
+                 "rows per quantise-pack call (list; e.g. 4096 = a decode step demoting 8 tokens of batch 64 x 8 KV "
+                 "heads)")
+      ->capture_default_str();
+  app.add_option("--clip-ratio", clip_spec,
+                 "quantise-pack clip ratios (list in (0, 1]; the reference uses 0.96 for keys, 0.92 for values; 1 = "
+                 "no clipping)")
+      ->capture_default_str();
   app.add_option("--kernels", kernels_spec, "which benchmarks: int2,bf16,quant")->capture_default_str();
   app.add_option("--warmup", warmup, "warm-up calls per case")->capture_default_str();
   app.add_option("--iterations", iterations, "timed calls per case (median reported)")->capture_default_str();
@@ -191,6 +198,10 @@ int bench_main(int argc, char** argv) {
     OSCAR_CHECK(m == "fp32" || m == "fp16", "--int2-metadata: '{}' is not fp32 or fp16", m);
   OSCAR_CHECK(int2_page >= 32 || std::find(metadata_list.begin(), metadata_list.end(), "fp16") == metadata_list.end(),
               "--int2-page {}: the fp16 metadata layout needs pages of >= 32 tokens", int2_page);
+  const std::vector<long> quant_rows_list = parse_int_list(quant_rows_spec);
+  for (long r : quant_rows_list) OSCAR_CHECK(r >= 1, "--quant-rows {}: need at least one row", r);
+  const std::vector<double> clip_list = parse_real_list(clip_spec);
+  for (double c : clip_list) OSCAR_CHECK(c > 0 && c <= 1, "--clip-ratio {}: need a ratio in (0, 1]", c);
   auto wants = [&](const char* k) { return std::find(kernel_list.begin(), kernel_list.end(), k) != kernel_list.end(); };
   auto log = [&](const std::string& line) {
     if (!common.quiet) std::fprintf(stderr, "%s\n", line.c_str());
@@ -215,8 +226,10 @@ int bench_main(int argc, char** argv) {
   // table of falling or equal sizes, equal = equal chunks, pieces = each sequence of a ragged batch in pieces of its
   // own (int2_splits is then the most pieces of any sequence); merged by each pair's last CTA, or with the suffix
   // +merge-ctas (grids of one to two waves) by a merge CTA per pair at the end of the grid, +merge-ctas-xN by N per
-  // pair, each un-rotating 1/N of the output columns).
-  table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "launches", "int2_splits", "bf16_splits",
+  // pair, each un-rotating 1/N of the output columns). Quantise-pack rows: batch = rows, split_plan = the kernel the
+  // call took (thread-per-row, the fast path, or warp-per-row: clip thresholds below the 32 largest magnitudes, or a
+  // GPU without the fast path's shared memory), clip_ratio as given.
+  table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "clip_ratio", "launches", "int2_splits", "bf16_splits",
                   "split_plan", "mbytes", "time_us", "noise_pct", "sm_mhz", "tbps", "pct_peak", "floor_us", "pct_floor",
                   "speedup_vs_bf16", "gpu"};
   const auto split_plan = [](const PagedCacheGeometry& g, const CudaDecodePlan& plan) {
@@ -251,10 +264,10 @@ int bench_main(int argc, char** argv) {
     const double read_tbps = 1.0 * probe_bytes / (read.median_us * 1e-6) / 1e12;
     peak_tbps = std::max(copy_tbps, read_tbps);
     const std::string dash("-");
-    table.add_row({std::string("hbm_copy"), 0L, 0L, dash, dash, 1L, dash, dash, dash, 2.0 * probe_bytes / 1e6,
+    table.add_row({std::string("hbm_copy"), 0L, 0L, dash, dash, dash, 1L, dash, dash, dash, 2.0 * probe_bytes / 1e6,
                    copy.median_us, copy.noise_pct, copy.sm_mhz, copy_tbps, 100.0 * copy_tbps / peak_tbps, dash, dash,
                    dash, gpu});
-    table.add_row({std::string("hbm_read"), 0L, 0L, dash, dash, 1L, dash, dash, dash, 1.0 * probe_bytes / 1e6,
+    table.add_row({std::string("hbm_read"), 0L, 0L, dash, dash, dash, 1L, dash, dash, dash, 1.0 * probe_bytes / 1e6,
                    read.median_us, read.noise_pct, read.sm_mhz, read_tbps, 100.0 * read_tbps / peak_tbps, dash, dash,
                    dash, gpu});
     log(fmt::format("HBM: copy {:.2f} TB/s, read {:.2f} TB/s (SM {:.0f} MHz)", copy_tbps, read_tbps, read.sm_mhz));
@@ -263,7 +276,7 @@ int bench_main(int argc, char** argv) {
     kernels::BandwidthProbeParams tiny = p;
     tiny.n16 = 4096;
     Timing floor = timer.time([&] { kernels::launch_read_probe(tiny, nullptr); });
-    table.add_row({std::string("launch_floor"), 0L, 0L, dash, dash, 1L, dash, dash, dash, 16.0 * tiny.n16 / 1e6,
+    table.add_row({std::string("launch_floor"), 0L, 0L, dash, dash, dash, 1L, dash, dash, dash, 16.0 * tiny.n16 / 1e6,
                    floor.median_us, floor.noise_pct, floor.sm_mhz, dash, dash, dash, dash, dash, gpu});
     log(fmt::format("launch floor (one launch, one cold read): {:.1f} us", floor.median_us));
   }
@@ -331,7 +344,7 @@ int bench_main(int argc, char** argv) {
             bf16_us = t.median_us;
             const long launches = kernels::fused_merge_fits(plan.splits_total(), geometry.group, head_dim) ? 1L : 2L;
             const auto [floor_us, pct_floor] = floor_columns(bytes, t.median_us);
-            table.add_row({std::string("bf16_decode"), batch, context, rag_label, std::string("-"), launches,
+            table.add_row({std::string("bf16_decode"), batch, context, rag_label, std::string("-"), std::string("-"), launches,
                            static_cast<long>(plan.int2_splits), static_cast<long>(plan.bf16_splits),
                            split_plan(geometry, plan), bytes / 1e6, t.median_us,
                            t.noise_pct, t.sm_mhz, tbps, pct(tbps), floor_us, pct_floor, 1.0, gpu});
@@ -359,7 +372,7 @@ int bench_main(int argc, char** argv) {
             const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
             const long launches = kernels::fused_merge_fits(plan.splits_total(), geometry.group, head_dim) ? 1L : 2L;
             const auto [floor_us, pct_floor] = floor_columns(bytes, t.median_us);
-            table.add_row({std::string("int2_decode"), batch, context, rag_label, metadata, launches,
+            table.add_row({std::string("int2_decode"), batch, context, rag_label, metadata, std::string("-"), launches,
                            static_cast<long>(plan.int2_splits), static_cast<long>(plan.bf16_splits),
                            split_plan(geometry, plan), bytes / 1e6,
                            t.median_us, t.noise_pct, t.sm_mhz, tbps, pct(tbps), floor_us, pct_floor,
@@ -374,35 +387,39 @@ int bench_main(int argc, char** argv) {
     }
   }
 
-  if (wants("quant") && quant_rows > 0) {
+  for (const long quant_rows : wants("quant") ? quant_rows_list : std::vector<long>{}) {
     const size_t n = static_cast<size_t>(quant_rows) * head_dim;
     DeviceBuffer<float> input(n), meta(static_cast<size_t>(quant_rows) * 2),
         rotation(static_cast<size_t>(head_dim) * head_dim);
     DeviceBuffer<uint8_t> codes(static_cast<size_t>(quant_rows) * head_dim / 4);
     kernels::launch_fill_random_float(input.get(), n, 21, nullptr);
     kernels::launch_fill_random_float(rotation.get(), rotation.size(), 22, nullptr);
-    for (int rotate = 0; rotate <= 1; ++rotate) {
-      kernels::QuantizePackParams p;
-      p.rows = quant_rows;
-      p.head_dim = head_dim;
-      p.input = input.get();
-      p.rotation = rotate ? rotation.get() : nullptr;
-      p.clip_ratio = 0.96f;
-      p.metadata = kernels::MetadataRounding::fp32;
-      p.codes = codes.get();
-      p.metadata_out = meta.get();
-      DeviceBuffer<uint8_t> workspace(kernels::quantize_pack_workspace_bytes(p));  // allocated once, as a server would
-      p.workspace = workspace.get();
-      Timing t = timer.time([&] { kernels::launch_quantize_pack(p, nullptr); });
-      const double bytes = 1.0 * quant_rows * (head_dim * 4 + head_dim / 4 + 8);
-      const long launches = workspace.size() > 0 ? 2 : 1;  // a workspace holds R split by a kernel of its own
-      const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
-      table.add_row({std::string(rotate ? "quantize_pack_rotate" : "quantize_pack"), quant_rows, 0L,
-                     std::string("-"), std::string("fp32"), launches, std::string("-"), std::string("-"),
-                     std::string("-"), bytes / 1e6, t.median_us, t.noise_pct, t.sm_mhz, tbps,
-                     pct(tbps), std::string("-"), std::string("-"), std::string("-"), gpu});
-      log(fmt::format("{} rows={}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz",
-                      rotate ? "quantize_pack_rotate" : "quantize_pack", quant_rows, t.median_us, tbps, t.sm_mhz));
+    for (const double clip : clip_list) {
+      for (int rotate = 0; rotate <= 1; ++rotate) {
+        kernels::QuantizePackParams p;
+        p.rows = quant_rows;
+        p.head_dim = head_dim;
+        p.input = input.get();
+        p.rotation = rotate ? rotation.get() : nullptr;
+        p.clip_ratio = static_cast<float>(clip);
+        p.metadata = kernels::MetadataRounding::fp32;
+        p.codes = codes.get();
+        p.metadata_out = meta.get();
+        DeviceBuffer<uint8_t> workspace(kernels::quantize_pack_workspace_bytes(p));  // allocated once, as a server would
+        p.workspace = workspace.get();
+        Timing t = timer.time([&] { kernels::launch_quantize_pack(p, nullptr); });
+        const double bytes = 1.0 * quant_rows * (head_dim * 4 + head_dim / 4 + 8);
+        const long launches = workspace.size() > 0 ? 2 : 1;  // a workspace holds R split by a kernel of its own
+        const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
+        const std::string path = kernels::quantize_pack_thread_per_row(p) ? "thread-per-row" : "warp-per-row";
+        const std::string kernel = rotate ? "quantize_pack_rotate" : "quantize_pack";
+        const auto [floor_us, pct_floor] = floor_columns(bytes, t.median_us);
+        table.add_row({kernel, quant_rows, 0L, std::string("-"), std::string("fp32"), clip, launches,
+                       std::string("-"), std::string("-"), path, bytes / 1e6, t.median_us, t.noise_pct, t.sm_mhz,
+                       tbps, pct(tbps), floor_us, pct_floor, std::string("-"), gpu});
+        log(fmt::format("{} rows={} clip={} ({}): {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz", kernel, quant_rows, clip,
+                        path, t.median_us, tbps, t.sm_mhz));
+      }
     }
   }
 

@@ -136,7 +136,14 @@ INSTANTIATE_TEST_SUITE_P(
                       // d = 256 with fewer clipped values than the top-K list holds (K = 7 of 8, 2 of 4): the lists'
                       // general merge, and lanes with fewer candidate groups than the quantiser takes unlooped.
                       QuantCase{256, 5003, 0.973f, MetadataType::fp16, false},
-                      QuantCase{256, 4001, 0.995f, MetadataType::fp32, true}));
+                      QuantCase{256, 4001, 0.995f, MetadataType::fp32, true},
+                      // 17..32 clipped values: the top-32 list (K = 21, 32, 29, 31; and 21 in the 0.92 case above),
+                      // then K = 33, the first count past it (the warp-per-row kernel).
+                      QuantCase{128, 20011, 0.84f, MetadataType::fp32, false},
+                      QuantCase{128, 5003, 0.75f, MetadataType::fp16, true},
+                      QuantCase{64, 5003, 0.55f, MetadataType::bf16, false},
+                      QuantCase{256, 4099, 0.88f, MetadataType::fp32, false},
+                      QuantCase{128, 777, 0.7421875f, MetadataType::fp32, false}));
 
 // The CPU reference and the kernel on the same rows and rotation (clip 0.96, fp32 metadata unless given).
 struct RotatedRun {
@@ -192,11 +199,12 @@ RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& ro
   return run;
 }
 
-// Clip 0.96 takes the thread-per-row kernels; clip 0.7 (more than 16 clipped values) the warp-per-row kernel, which is
-// also what a GPU takes that cannot grant the former's shared memory (rotated d = 128 on an A100).
+// Clip 0.96 and 26 clipped values (the top-32 list) take the thread-per-row kernels; more than 32 clipped values
+// (clip 0.7, at d = 64 0.45) the warp-per-row kernel, which is also what a GPU takes that cannot grant the former's
+// shared memory (rotated d = 128 on an A100).
 TEST(QuantizePack, RotationWithinFloatTolerance) {
   for (int d : {64, 128, 256}) {
-    for (float clip : {0.96f, 0.7f}) {
+    for (float clip : {0.96f, (d - 26.0f) / d, d == 64 ? 0.45f : 0.7f}) {
       const long rows = 2000;
       auto x = test::random_normal(static_cast<size_t>(rows) * d, 5 + d);
       auto rot = test::random_normal(static_cast<size_t>(d) * d, 6 + d, 1.0f / std::sqrt(static_cast<float>(d)));
@@ -305,7 +313,10 @@ TEST(QuantizePack, RotationBySignedPermutationBitIdentical) {
                         {256, 20011, 0.96f, MetadataType::fp16, true},
                         // K = 5 and 2 of lists of 6 and 4 (see QuantizePackExact's d = 256 cases).
                         {128, 20011, 0.965f, MetadataType::fp32, false}, {128, 7001, 0.99f, MetadataType::bf16, false},
-                        {256, 3001, 0.973f, MetadataType::fp32, false}};
+                        {256, 3001, 0.973f, MetadataType::fp32, false},
+                        // K = 26, 32, 21, 26: the top-32 list.
+                        {128, 20011, 0.796875f, MetadataType::fp32, false}, {128, 7001, 0.75f, MetadataType::fp16, true},
+                        {256, 3001, 0.92f, MetadataType::bf16, false},      {64, 5003, 0.59375f, MetadataType::fp32, false}};
   for (const Case& c : cases) {
     const int d = c.dim;
     std::vector<float> x = test::random_normal(static_cast<size_t>(c.rows) * d, 31 + d + c.rows, 2.0f);
@@ -365,7 +376,7 @@ TEST(QuantizePack, RotationWorkspaceOfCallerOrStreamSameBits) {
   EXPECT_EQ(kernels::quantize_pack_workspace_bytes(p), 0u);
   p.rotation = rot.data();
   EXPECT_GT(kernels::quantize_pack_workspace_bytes(p), size_t{256} * d * 4);  // R's fp16 hi and lo at least
-  p.clip_ratio = 0.9f;  // 26 clipped values: the warp-per-row path, which needs none
+  p.clip_ratio = 0.8f;  // 52 clipped values: the warp-per-row path, which needs none
   EXPECT_EQ(kernels::quantize_pack_workspace_bytes(p), 0u);
   const RotatedRun own = run_rotated(x, rot, rows, d);
   const RotatedRun given = run_rotated(x, rot, rows, d, 0.96f, MetadataType::fp32, false, true);
