@@ -3,8 +3,8 @@
 // tensor cores first (fp16 split with power-of-two scaling; R streamed from L2 at d = 256). Otherwise: CTA
 // = 8 warps, 32 rows. With a rotation the CTA first computes its [32, d] tile of x.R through shared
 // memory (fp32 FMA); then each warp quantises 4 rows: a lane holds channels lane + 32k. The clip
-// threshold is found exactly by removing extremes one at a time; every division and addition uses the
-// _rn intrinsics (the library is built with --use_fast_math) so codes and metadata match the CPU
+// threshold is found exactly by removing extremes one at a time (few rounds) or bit by bit; every division and
+// addition uses the _rn intrinsics (the library is built with --use_fast_math) so codes and metadata match the CPU
 // quantiser bit for bit.
 #include <algorithm>
 #include <cmath>
@@ -62,6 +62,11 @@ __device__ __forceinline__ void store_metadata(const QuantizePackParams& p, long
 __device__ __forceinline__ float first_min(float a, float b) { return b < a ? b : a; }
 __device__ __forceinline__ float first_max(float a, float b) { return a < b ? b : a; }
 
+// The warp-per-row threshold search removes extremes one at a time (a warp reduction each) up to this many rounds,
+// and beyond it searches tau bit by bit (31 steps). On the H200 (1M rows, unrotated) a round costs ~111 us at d = 128
+// and ~192 us at d = 256, the whole bit search 963 and 1536 us: as much as ~5 rounds plus the rest of the kernel.
+constexpr int kRemovalRoundsMax = 5;
+
 template <int D>
 __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& p, long row) {
   constexpr int NV = D / 32;
@@ -78,7 +83,24 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
     const int rounds = from_top ? above : idx;  // extremes removed before the threshold is the extreme left
     unsigned removed = 0;
     float tau = 0.f;
-    for (int r = 0; r <= rounds; ++r) {
+    if (rounds > kRemovalRoundsMax) {
+      // tau = the largest bit pattern T with at least D - idx magnitudes at or above it (non-negative floats order as
+      // their bits): that is the (D - idx)-th largest magnitude, the CPU's idx-th smallest, ties included. One bit
+      // per step, 31 steps whatever the ratio, each a count and one warp reduction.
+      unsigned bits[NV];
+#pragma unroll
+      for (int k = 0; k < NV; ++k) bits[k] = __float_as_uint(a[k]);
+      unsigned t = 0u;
+      for (int b = 30; b >= 0; --b) {
+        const unsigned candidate = t | 1u << b;
+        unsigned n = 0u;
+#pragma unroll
+        for (int k = 0; k < NV; ++k) n += bits[k] >= candidate ? 1u : 0u;
+        if (__reduce_add_sync(0xffffffffu, n) >= (unsigned)(D - idx)) t = candidate;
+      }
+      tau = __uint_as_float(t);
+    }
+    for (int r = 0; r <= rounds && rounds <= kRemovalRoundsMax; ++r) {
       float best = from_top ? -INFINITY : INFINITY;
       int best_k = -1;
 #pragma unroll
@@ -561,15 +583,9 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
   if constexpr (LANES == 2) lo = fminf(lo, partner(lo)), hi = fmaxf(hi, partner(hi));  // (a zero's sign: below)
   float tau = INFINITY;
   if constexpr (KMAX > 0) {
-    // Top-KMAX magnitudes (descending; -1 = empty) by a branch-free insertion network.
+    // Top-KMAX magnitudes (descending; -1 = empty) by branch-free sorting networks.
+    static_assert(KMAX == 4 || KMAX == 6 || KMAX == 8 || KMAX == 16 || KMAX == 32, "list lengths");
     float best[KMAX];
-    auto insert = [&](float t) {
-#pragma unroll
-      for (int i = 0; i < KMAX; ++i) {
-        const float b_hi = fmaxf(best[i], t), b_lo = fminf(best[i], t);
-        best[i] = b_hi, t = b_lo;
-      }
-    };
     // Eight values at once: sorted by a network, then the top KMAX of best and of them are
     // max(best[i], s[KMAX - 1 - i]) (the first step of a bitonic merge), sorted by the rest of that merge
     // (sort_v_shaped_descending, c = 4, 7, 12 comparators for KMAX = 4, 6, 8): 2 (19 + KMAX / 2 + c) min / max
@@ -602,35 +618,21 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
 #pragma unroll
         for (int i = KMAX - 8; i < KMAX; ++i) best[i] = fmaxf(best[i], v[KMAX - 1 - i]);
         bitonic_merge_descending<KMAX>(best);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) insert(absolute ? fabsf(v[i]) : v[i]);
       }
     };
-    // Two lanes: the partner's list joins this one (KMAX values, taken as two eights); both lanes end
-    // with the same sorted values.
+    // Two lanes: the partner's sorted list joins this one (as in insert8); both lanes end with the same sorted values.
+    // (Padding the lower lane's list with KMAX - k_top entries of +inf, so that union_kth could take any k_top without
+    // this merge, made the d = 128 rotated kernel 5-13 % slower at k_top = 16 and 32 and moved the others by -2 to
+    // +1 %: log, fifty-second round.)
     auto merge_partner = [&] {
       if constexpr (LANES == 2) {
         float other[KMAX];
 #pragma unroll
         for (int i = 0; i < KMAX; ++i) other[i] = partner(best[i]);
-        if constexpr (KMAX == 16 || KMAX == 32) {  // two sorted lists: the top KMAX of both is bitonic (as in insert8)
 #pragma unroll
-          for (int i = 0; i < KMAX; ++i) best[i] = fmaxf(best[i], other[KMAX - 1 - i]);
-          bitonic_merge_descending<KMAX>(best);
-        } else if constexpr (KMAX == 4 || KMAX == 6 || KMAX == 8) {  // two sorted lists, as in insert8
-#pragma unroll
-          for (int i = 0; i < KMAX; ++i) best[i] = fmaxf(best[i], other[KMAX - 1 - i]);
-          sort_v_shaped_descending<KMAX>(best);
-        } else {
-#pragma unroll
-          for (int i = 0; i < KMAX; i += 8) {
-            float v[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[e] = i + e < KMAX ? other[i + e] : -1.f;
-            insert8(make_float4(v[0], v[1], v[2], v[3]), make_float4(v[4], v[5], v[6], v[7]), false);
-          }
-        }
+        for (int i = 0; i < KMAX; ++i) best[i] = fmaxf(best[i], other[KMAX - 1 - i]);
+        if constexpr (KMAX >= 16) bitonic_merge_descending<KMAX>(best);  // the top KMAX of both is bitonic
+        else sort_v_shaped_descending<KMAX>(best);
       }
     };
     auto kth = [&] {  // best[k_top - 1] without a run-time index

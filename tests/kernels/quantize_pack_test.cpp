@@ -143,7 +143,12 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantCase{128, 5003, 0.75f, MetadataType::fp16, true},
                       QuantCase{64, 5003, 0.55f, MetadataType::bf16, false},
                       QuantCase{256, 4099, 0.88f, MetadataType::fp32, false},
-                      QuantCase{128, 777, 0.7421875f, MetadataType::fp32, false}));
+                      QuantCase{128, 777, 0.7421875f, MetadataType::fp32, false},
+                      // The warp-per-row kernel's threshold search: bit by bit above (K = 33, 64, and 231 at
+                      // d = 256 clip 0.1), by removing the 5 smallest magnitudes here (the largest: see
+                      // UnalignedRowsTakeTheWarpKernelSameBits).
+                      QuantCase{128, 1001, 0.04f, MetadataType::fp32, false},
+                      QuantCase{64, 999, 0.08f, MetadataType::fp16, true}));
 
 // The CPU reference and the kernel on the same rows and rotation (clip 0.96, fp32 metadata unless given).
 struct RotatedRun {
@@ -383,6 +388,43 @@ TEST(QuantizePack, RotationWorkspaceOfCallerOrStreamSameBits) {
   EXPECT_EQ(own.codes, given.codes);
   EXPECT_EQ(own.meta, given.meta);
   test::expect_codes_close(given.codes, given.ref_codes, rows, d, "caller's workspace");
+}
+
+// Input rows that are not 16-byte aligned take the warp-per-row kernel at any clip ratio: at d = 128 clip 0.96 its search
+// removes the 5 largest magnitudes, at 0.92 it searches bit by bit (10 rounds would be more). Bit-identical to the CPU.
+TEST(QuantizePack, UnalignedRowsTakeTheWarpKernelSameBits) {
+  const int d = 128, Q = d / 4;
+  const long rows = 3001;
+  const std::vector<float> x = test::random_normal(static_cast<size_t>(rows) * d + 1, 71, 2.0f);
+  DeviceBuffer<float> dx, dmeta;
+  DeviceBuffer<uint8_t> dcodes;
+  dx.upload(x);
+  dmeta.resize(static_cast<size_t>(rows) * 2);
+  dcodes.resize(static_cast<size_t>(rows) * Q);
+  for (float clip : {0.96f, 0.92f}) {
+    QuantizerConfig config;
+    config.clip_ratio = clip;
+    config.metadata = MetadataType::fp32;
+    std::vector<uint8_t> ref_codes(static_cast<size_t>(rows) * Q);
+    std::vector<float> ref_meta(static_cast<size_t>(rows) * 2);
+    quantize_pack_rows_reference(x.data() + 1, rows, d, nullptr, config, ref_codes.data(), ref_meta.data(), 2, 0,
+                                 nullptr);
+    kernels::QuantizePackParams p;
+    p.rows = rows;
+    p.head_dim = d;
+    p.input = dx.get();
+    p.clip_ratio = clip;
+    p.codes = dcodes.get();
+    p.metadata_out = dmeta.get();
+    EXPECT_TRUE(kernels::quantize_pack_thread_per_row(p));
+    p.input = dx.get() + 1;  // 4 bytes past a 16-byte boundary
+    EXPECT_FALSE(kernels::quantize_pack_thread_per_row(p));
+    kernels::launch_quantize_pack(p, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "sync");
+    EXPECT_EQ(dcodes.download(), ref_codes) << "clip " << clip;
+    const std::vector<float> meta = dmeta.download();
+    EXPECT_EQ(std::memcmp(meta.data(), ref_meta.data(), meta.size() * 4), 0) << "clip " << clip;
+  }
 }
 
 TEST(QuantizePack, RefusesUnsupportedShapes) {
