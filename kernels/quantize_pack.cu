@@ -622,8 +622,8 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
     };
     // Two lanes: the partner's sorted list joins this one (as in insert8); both lanes end with the same sorted values.
     // (Padding the lower lane's list with KMAX - k_top entries of +inf, so that union_kth could take any k_top without
-    // this merge, made the d = 128 rotated kernel 5-13 % slower at k_top = 16 and 32 and moved the others by -2 to
-    // +1 %: log, fifty-second round.)
+    // this merge, made the d = 128 rotated kernel 5-14 % slower at k_top = 16 and 32 and 2-3 % faster at 11, both with
+    // the lists copied and with each candidate folded in as it arrives: log, fifty-second round.)
     auto merge_partner = [&] {
       if constexpr (LANES == 2) {
         float other[KMAX];
