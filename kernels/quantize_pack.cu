@@ -81,7 +81,6 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
     const int above = D - 1 - idx;
     const bool from_top = above <= idx;
     const int rounds = from_top ? above : idx;  // extremes removed before the threshold is the extreme left
-    unsigned removed = 0;
     float tau = 0.f;
     if (rounds > kRemovalRoundsMax) {
       // tau = the largest bit pattern T with at least D - idx magnitudes at or above it (non-negative floats order as
@@ -99,27 +98,29 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
         if (__reduce_add_sync(0xffffffffu, n) >= (unsigned)(D - idx)) t = candidate;
       }
       tau = __uint_as_float(t);
-    }
-    for (int r = 0; r <= rounds && rounds <= kRemovalRoundsMax; ++r) {
-      float best = from_top ? -INFINITY : INFINITY;
-      int best_k = -1;
+    } else {
+      unsigned removed = 0;
+      for (int r = 0; r <= rounds; ++r) {
+        float best = from_top ? -INFINITY : INFINITY;
+        int best_k = -1;
 #pragma unroll
-      for (int k = 0; k < NV; ++k) {
-        if (removed >> k & 1u) continue;
-        if (best_k < 0 || (from_top ? a[k] > best : a[k] < best)) best = a[k], best_k = k;
-      }
-      float wbest = best;
+        for (int k = 0; k < NV; ++k) {
+          if (removed >> k & 1u) continue;
+          if (best_k < 0 || (from_top ? a[k] > best : a[k] < best)) best = a[k], best_k = k;
+        }
+        float wbest = best;
 #pragma unroll
-      for (int off = 16; off > 0; off /= 2) {
-        const float o = __shfl_xor_sync(0xffffffffu, wbest, off);
-        wbest = from_top ? fmaxf(wbest, o) : fminf(wbest, o);
+        for (int off = 16; off > 0; off /= 2) {
+          const float o = __shfl_xor_sync(0xffffffffu, wbest, off);
+          wbest = from_top ? fmaxf(wbest, o) : fminf(wbest, o);
+        }
+        if (r == rounds) {
+          tau = wbest;
+          break;
+        }
+        const unsigned holders = __ballot_sync(0xffffffffu, best_k >= 0 && best == wbest);
+        if (lane == __ffs(holders) - 1) removed |= 1u << best_k;
       }
-      if (r == rounds) {
-        tau = wbest;
-        break;
-      }
-      const unsigned holders = __ballot_sync(0xffffffffu, best_k >= 0 && best == wbest);
-      if (lane == __ffs(holders) - 1) removed |= 1u << best_k;
     }
 #pragma unroll
     for (int k = 0; k < NV; ++k) v[k] = v[k] < -tau ? -tau : (tau < v[k] ? tau : v[k]);

@@ -33,8 +33,8 @@ struct QuantizePackParams {
 
 void check_quantize_pack(const QuantizePackParams& params);
 // Device memory a call with these parameters needs on the current device besides its operands (d = 256 with a
-// rotation, on the path for clip thresholds among the top 32 magnitudes where the device grants that kernel's ~100 KB of
-// shared memory: R split into fp16 hi / lo fragments by a first kernel, ~257 KB; else 0).
+// rotation, on the path for clip thresholds among the top 32 magnitudes where the device grants that kernel's ~100 KB
+// of shared memory: R split into fp16 hi / lo fragments by a first kernel, ~257 KB; else 0).
 size_t quantize_pack_workspace_bytes(const QuantizePackParams& params);
 // Whether a call with these parameters takes the thread-per-row kernels on the current device (the fast path: the
 // clip threshold among the 32 largest magnitudes, 16-byte aligned operands, and the device grants their shared

@@ -229,9 +229,9 @@ int bench_main(int argc, char** argv) {
   // pair, each un-rotating 1/N of the output columns). Quantise-pack rows: batch = rows, split_plan = the kernel the
   // call took (thread-per-row, the fast path, or warp-per-row: clip thresholds below the 32 largest magnitudes, or a
   // GPU without the fast path's shared memory), clip_ratio as given.
-  table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "clip_ratio", "launches", "int2_splits", "bf16_splits",
-                  "split_plan", "mbytes", "time_us", "noise_pct", "sm_mhz", "tbps", "pct_peak", "floor_us", "pct_floor",
-                  "speedup_vs_bf16", "gpu"};
+  table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "clip_ratio", "launches",
+                  "int2_splits", "bf16_splits", "split_plan", "mbytes", "time_us", "noise_pct", "sm_mhz", "tbps",
+                  "pct_peak", "floor_us", "pct_floor", "speedup_vs_bf16", "gpu"};
   const auto split_plan = [](const PagedCacheGeometry& g, const CudaDecodePlan& plan) {
     const bool parallel = runs_parallel_merge(g, plan);
     if (parallel) return std::string("parallel-merge");
@@ -344,8 +344,8 @@ int bench_main(int argc, char** argv) {
             bf16_us = t.median_us;
             const long launches = kernels::fused_merge_fits(plan.splits_total(), geometry.group, head_dim) ? 1L : 2L;
             const auto [floor_us, pct_floor] = floor_columns(bytes, t.median_us);
-            table.add_row({std::string("bf16_decode"), batch, context, rag_label, std::string("-"), std::string("-"), launches,
-                           static_cast<long>(plan.int2_splits), static_cast<long>(plan.bf16_splits),
+            table.add_row({std::string("bf16_decode"), batch, context, rag_label, std::string("-"), std::string("-"),
+                           launches, static_cast<long>(plan.int2_splits), static_cast<long>(plan.bf16_splits),
                            split_plan(geometry, plan), bytes / 1e6, t.median_us,
                            t.noise_pct, t.sm_mhz, tbps, pct(tbps), floor_us, pct_floor, 1.0, gpu});
             log(fmt::format("bf16_decode  B={} L={} {}: {:.1f} us, {:.2f} TB/s, SM {:.0f} MHz ({} splits)", batch,
@@ -406,7 +406,8 @@ int bench_main(int argc, char** argv) {
         p.metadata = kernels::MetadataRounding::fp32;
         p.codes = codes.get();
         p.metadata_out = meta.get();
-        DeviceBuffer<uint8_t> workspace(kernels::quantize_pack_workspace_bytes(p));  // allocated once, as a server would
+        // Allocated once, as a server would.
+        DeviceBuffer<uint8_t> workspace(kernels::quantize_pack_workspace_bytes(p));
         p.workspace = workspace.get();
         Timing t = timer.time([&] { kernels::launch_quantize_pack(p, nullptr); });
         const double bytes = 1.0 * quant_rows * (head_dim * 4 + head_dim / 4 + 8);

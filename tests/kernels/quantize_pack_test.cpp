@@ -320,8 +320,10 @@ TEST(QuantizePack, RotationBySignedPermutationBitIdentical) {
                         {128, 20011, 0.965f, MetadataType::fp32, false}, {128, 7001, 0.99f, MetadataType::bf16, false},
                         {256, 3001, 0.973f, MetadataType::fp32, false},
                         // K = 26, 32, 21, 26: the top-32 list.
-                        {128, 20011, 0.796875f, MetadataType::fp32, false}, {128, 7001, 0.75f, MetadataType::fp16, true},
-                        {256, 3001, 0.92f, MetadataType::bf16, false},      {64, 5003, 0.59375f, MetadataType::fp32, false}};
+                        {128, 20011, 0.796875f, MetadataType::fp32, false},
+                        {128, 7001, 0.75f, MetadataType::fp16, true},
+                        {256, 3001, 0.92f, MetadataType::bf16, false},
+                        {64, 5003, 0.59375f, MetadataType::fp32, false}};
   for (const Case& c : cases) {
     const int d = c.dim;
     std::vector<float> x = test::random_normal(static_cast<size_t>(c.rows) * d, 31 + d + c.rows, 2.0f);
@@ -390,8 +392,9 @@ TEST(QuantizePack, RotationWorkspaceOfCallerOrStreamSameBits) {
   test::expect_codes_close(given.codes, given.ref_codes, rows, d, "caller's workspace");
 }
 
-// Input rows that are not 16-byte aligned take the warp-per-row kernel at any clip ratio: at d = 128 clip 0.96 its search
-// removes the 5 largest magnitudes, at 0.92 it searches bit by bit (10 rounds would be more). Bit-identical to the CPU.
+// Input rows that are not 16-byte aligned take the warp-per-row kernel at any clip ratio: at d = 128 clip 0.96 its
+// search removes the 5 largest magnitudes, at 0.92 it searches bit by bit (10 rounds would be more). Bit-identical to
+// the CPU.
 TEST(QuantizePack, UnalignedRowsTakeTheWarpKernelSameBits) {
   const int d = 128, Q = d / 4;
   const long rows = 3001;
