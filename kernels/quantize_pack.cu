@@ -539,15 +539,19 @@ __device__ __forceinline__ void sort_v_shaped_descending(float (&v)[N]) {
     ce(0, 4), ce(1, 5), ce(2, 6), ce(3, 7), ce(0, 2), ce(1, 3), ce(4, 6), ce(5, 7), ce(0, 1), ce(2, 3), ce(4, 5), ce(6, 7);
   }
 }
-// Sorts a bitonic v (descending then ascending, or the reverse) descending: half-cleaners at distances N/2, .., 1
-// (N = 16: 32 comparators).
+// Sorts a bitonic v (descending then ascending, or for N a power of two also the reverse) descending: half-cleaners at
+// distances P/2, .., 1 over P = the next power of two, v taken as the last N of P entries after P - N entries of +inf,
+// which keep the first places, so that every comparator on them is dropped (N = 16: 32 comparators; 12: 20).
 template <int N>
 __device__ __forceinline__ void bitonic_merge_descending(float (&v)[N]) {
+  constexpr int P = N <= 8 ? 8 : (N <= 16 ? 16 : 32), PAD = P - N;
+  static_assert(N <= P && P <= 32, "up to 32 values");
 #pragma unroll
-  for (int s = N / 2; s > 0; s /= 2)
+  for (int s = P / 2; s > 0; s /= 2)
 #pragma unroll
-    for (int i = 0; i < N; ++i)
-      if (!(i & s)) {
+    for (int u = PAD; u < P; ++u)
+      if (!(u & s)) {
+        const int i = u - PAD;
         const float hi = fmaxf(v[i], v[i + s]), lo = fminf(v[i], v[i + s]);
         v[i] = hi, v[i + s] = lo;
       }
@@ -585,7 +589,7 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
   float tau = INFINITY;
   if constexpr (KMAX > 0) {
     // Top-KMAX magnitudes (descending; -1 = empty) by branch-free sorting networks.
-    static_assert(KMAX == 4 || KMAX == 6 || KMAX == 8 || KMAX == 16 || KMAX == 32, "list lengths");
+    static_assert(KMAX == 4 || KMAX == 6 || KMAX == 8 || KMAX == 12 || KMAX == 16 || KMAX == 32, "list lengths");
     float best[KMAX];
     // Eight values at once: sorted by a network, then the top KMAX of best and of them are
     // max(best[i], s[KMAX - 1 - i]) (the first step of a bitonic merge), sorted by the rest of that merge
@@ -609,10 +613,10 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
           for (int i = 0; i < KMAX; ++i) best[i] = fmaxf(best[i], v[KMAX - 1 - i]);
           sort_v_shaped_descending<KMAX>(best);
         }
-      } else if constexpr (KMAX == 16 || KMAX == 32) {
+      } else if constexpr (KMAX == 12 || KMAX == 16 || KMAX == 32) {
         // max(best[i], v[KMAX - 1 - i]) (v[j] = -1 for j >= 8: best[0..KMAX - 9] unchanged) is the top KMAX,
         // non-increasing and then non-decreasing (best minus the reversed v is non-increasing): a bitonic merge sorts
-        // it. 2 (19 + 8 + 32) min / max instead of 256 for KMAX = 16, 2 (19 + 8 + 80) instead of 512 for 32.
+        // it. 2 (19 + 8 + c) min / max, c = 20, 32, 80 for KMAX = 12, 16, 32 (an insertion: 16 KMAX).
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = absolute ? fabsf(v[i]) : v[i];
         sort_descending<8>(v);
@@ -632,7 +636,7 @@ __device__ __forceinline__ void quantize_row_thread(const QuantizePackParams& p,
         for (int i = 0; i < KMAX; ++i) other[i] = partner(best[i]);
 #pragma unroll
         for (int i = 0; i < KMAX; ++i) best[i] = fmaxf(best[i], other[KMAX - 1 - i]);
-        if constexpr (KMAX >= 16) bitonic_merge_descending<KMAX>(best);  // the top KMAX of both is bitonic
+        if constexpr (KMAX >= 12) bitonic_merge_descending<KMAX>(best);  // the top KMAX of both is bitonic
         else sort_v_shaped_descending<KMAX>(best);
       }
     };
@@ -1841,6 +1845,7 @@ bool launch_rows_fast(const QuantizePackParams& p, cudaStream_t stream) {
   else if (k <= 4) launch_rows<D, 4>(p, k, stream);
   else if (k <= 6) launch_rows<D, 6>(p, k, stream);
   else if (k <= 8) launch_rows<D, 8>(p, k, stream);
+  else if (k <= 12) launch_rows<D, 12>(p, k, stream);
   else if (k <= 16) launch_rows<D, 16>(p, k, stream);
   else launch_rows<D, 32>(p, k, stream);
   return true;

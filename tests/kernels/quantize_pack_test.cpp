@@ -144,6 +144,11 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantCase{64, 5003, 0.55f, MetadataType::bf16, false},
                       QuantCase{256, 4099, 0.88f, MetadataType::fp32, false},
                       QuantCase{128, 777, 0.7421875f, MetadataType::fp32, false},
+                      // 9..12 clipped values: the top-12 list (K = 9, 12, and 12 at d = 256, whose two lanes then take
+                      // the merge-free k_top = KMAX form; 11 in the 0.92 and d = 256 0.96 cases above).
+                      QuantCase{64, 3001, 0.86f, MetadataType::fp32, false},
+                      QuantCase{128, 4001, 0.91f, MetadataType::fp16, true},
+                      QuantCase{256, 2003, 0.953125f, MetadataType::fp32, false},
                       // The warp-per-row kernel's threshold search: bit by bit above (K = 33, 64, and 231 at
                       // d = 256 clip 0.1), by removing the 5 smallest magnitudes here (the largest: see
                       // UnalignedRowsTakeTheWarpKernelSameBits).
@@ -319,7 +324,9 @@ TEST(QuantizePack, RotationBySignedPermutationBitIdentical) {
                         // K = 5 and 2 of lists of 6 and 4 (see QuantizePackExact's d = 256 cases).
                         {128, 20011, 0.965f, MetadataType::fp32, false}, {128, 7001, 0.99f, MetadataType::bf16, false},
                         {256, 3001, 0.973f, MetadataType::fp32, false},
-                        // K = 26, 32, 21, 26: the top-32 list.
+                        // K = 12 and 10: the top-12 list; K = 26, 32, 21, 26: the top-32 list.
+                        {128, 7001, 0.91f, MetadataType::fp32, false},
+                        {256, 2001, 0.9609375f, MetadataType::fp16, true},
                         {128, 20011, 0.796875f, MetadataType::fp32, false},
                         {128, 7001, 0.75f, MetadataType::fp16, true},
                         {256, 3001, 0.92f, MetadataType::bf16, false},
