@@ -1823,23 +1823,9 @@ int rows_path_smem_bytes(bool rotated) {
   else return rot_f16_smem_bytes<D>();
 }
 
-// Whether a call takes the thread-per-row path (launch_rows): the clip threshold among the top 32 magnitudes (or no
-// clipping), 16-byte aligned operands and a device that grants the kernel's shared memory. Otherwise the warp-per-row
-// path (slower; its codes and metadata meet the same bounds against the CPU quantiser).
-bool takes_rows_path(const QuantizePackParams& p) {
-  auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  const bool aligned = aligned16(p.input) && aligned16(p.codes) && aligned16(p.rotation);
-  if (!aligned || clip_top_count(p.clip_ratio, p.head_dim) > kRowsPathTopMax) return false;
-  const bool rotated = p.rotation != nullptr;
-  const int smem = p.head_dim == 64    ? rows_path_smem_bytes<64>(rotated)
-                   : p.head_dim == 128 ? rows_path_smem_bytes<128>(rotated)
-                                       : rows_path_smem_bytes<256>(rotated);
-  return smem + kStaticSmemRoom <= device_smem_optin();
-}
-
 template <int D>
 bool launch_rows_fast(const QuantizePackParams& p, cudaStream_t stream) {
-  if (!takes_rows_path(p)) return false;
+  if (!quantize_pack_thread_per_row(p)) return false;
   const int k = clip_top_count(p.clip_ratio, D);
   if (k == 0) launch_rows<D, 0>(p, 0, stream);
   else if (k <= 4) launch_rows<D, 4>(p, k, stream);
@@ -1888,10 +1874,22 @@ void check_quantize_pack(const QuantizePackParams& p) {
 }
 
 size_t quantize_pack_workspace_bytes(const QuantizePackParams& p) {
-  return p.rotation && p.head_dim == 256 && takes_rows_path(p) ? sizeof(RotationSplit256) : 0;
+  return p.rotation && p.head_dim == 256 && quantize_pack_thread_per_row(p) ? sizeof(RotationSplit256) : 0;
 }
 
-bool quantize_pack_thread_per_row(const QuantizePackParams& p) { return takes_rows_path(p); }
+// The thread-per-row path (launch_rows, launch_rows_fast): the clip threshold among the top 32 magnitudes (or no
+// clipping), 16-byte aligned operands and a device that grants the kernel's shared memory. Otherwise the warp-per-row
+// path (slower; its codes and metadata meet the same bounds against the CPU quantiser).
+bool quantize_pack_thread_per_row(const QuantizePackParams& p) {
+  auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const bool aligned = aligned16(p.input) && aligned16(p.codes) && aligned16(p.rotation);
+  if (!aligned || clip_top_count(p.clip_ratio, p.head_dim) > kRowsPathTopMax) return false;
+  const bool rotated = p.rotation != nullptr;
+  const int smem = p.head_dim == 64    ? rows_path_smem_bytes<64>(rotated)
+                   : p.head_dim == 128 ? rows_path_smem_bytes<128>(rotated)
+                                       : rows_path_smem_bytes<256>(rotated);
+  return smem + kStaticSmemRoom <= device_smem_optin();
+}
 
 void launch_quantize_pack(const QuantizePackParams& p, cudaStream_t stream) {
   check_quantize_pack(p);
