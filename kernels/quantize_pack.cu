@@ -1,8 +1,9 @@
 // Rotate-clip-quantise-pack kernels (see quantize_pack.h). With the clip threshold among the 32
 // largest magnitudes (clip ratio >= 1 - 32/d): one thread (d = 256: two lanes) per row (below), x.R (if any) on
-// tensor cores first (fp16 split with power-of-two scaling; R streamed from L2 at d = 256). Otherwise: CTA
-// = 8 warps, 32 rows. With a rotation the CTA first computes its [32, d] tile of x.R through shared
-// memory (fp32 FMA); then each warp quantises 4 rows: a lane holds channels lane + 32k. The clip
+// tensor cores first (fp16 split with power-of-two scaling; R streamed from L2 at d = 256; there, with more clipped
+// values and enough rows, the same x.R and then a warp per row as below). Otherwise: CTA = 8 warps, 32 rows. With a
+// rotation the CTA first computes its [32, d] tile of x.R through shared memory (fp32 FMA); then each warp quantises
+// 4 rows: a lane holds channels lane + 32k. The clip
 // threshold is found exactly by removing extremes one at a time (few rounds) or bit by bit; every division and
 // addition uses the _rn intrinsics (the library is built with --use_fast_math) so codes and metadata match the CPU
 // quantiser bit for bit.
@@ -66,6 +67,9 @@ __device__ __forceinline__ float first_max(float a, float b) { return a < b ? b 
 // and beyond it searches tau bit by bit (31 steps). On the H200 (1M rows, unrotated) a round costs ~111 us at d = 128
 // and ~192 us at d = 256, the whole bit search 963 and 1536 us: as much as ~5 rounds plus the rest of the kernel.
 constexpr int kRemovalRoundsMax = 5;
+// KMAX of the rotated d = 256 thread-per-row kernel's instance that quantises a warp per row (quantize_row_warp) after
+// its x.R on tensor cores: more clipped values than the thread-per-row lists hold.
+constexpr int kWarpSearch = -1;
 
 template <int D>
 __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& p, long row) {
@@ -85,7 +89,9 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
     if (rounds > kRemovalRoundsMax) {
       // tau = the largest bit pattern T with at least D - idx magnitudes at or above it (non-negative floats order as
       // their bits): that is the (D - idx)-th largest magnitude, the CPU's idx-th smallest, ties included. One bit
-      // per step, 31 steps whatever the ratio, each a count and one warp reduction.
+      // per step, 31 steps whatever the ratio, each a count and one warp reduction. (Two bits per step, the counts
+      // of three candidates in 10-bit fields of one reduction: 16 steps but 30-70 % slower, H200, 1M rows: log,
+      // fifty-third round, call 4.)
       unsigned bits[NV];
 #pragma unroll
       for (int k = 0; k < NV; ++k) bits[k] = __float_as_uint(a[k]);
@@ -1483,13 +1489,14 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
 // fp32 accumulation (the d <= 128 kernels' accuracy argument): on wgmma (sm_90a), warpgroup h takes the columns
 // [128 h, 128 h + 128) with A from registers (warp w: m-tile w) and the k-step's core matrices as B; on mma.sync,
 // warp w takes the columns [32 w, 32 w + 32) with one 16-byte B fragment per n-tile. Scaled back by 2^-r_i 2^-c_n
-// into the tile; then two lanes per row quantise (warps 0-3). H200, 1M rows: 3364 us with the former kernel (3xTF32
-// mma.sync, R in fp32 chunks, the plain quantiser on 64 threads), 2287 with two lanes per row there, 1937 on
-// mma.sync with each warp splitting R's fp32 chunks itself for every tile, 1472 with R split once per call, 1177 on
-// wgmma (log, fiftieth round: the k-step loop is now bound by latency, one k-step in flight per CTA). 3 fp16
-// products of [1M, 256] x [256, 256] are ~400 GFLOP: at the H200's dense fp16 rate (~990 TFLOP/s with wgmma) that
-// alone takes >= ~410 us. (Not kept, on mma.sync: a ring of three R chunks, x and R in unpadded swizzled rows so
-// that two CTAs still fit: 2183 us, 20 bytes of spills; the next tile's first R chunk issued before the quantiser:
+// into the tile; then two lanes per row quantise (warps 0-3), or, with more than 32 clipped values (KMAX =
+// kWarpSearch), a warp per row (all warps: quantize_row_warp, as the warp-per-row kernel). H200, 1M rows: 3364 us with
+// the former kernel (3xTF32 mma.sync, R in fp32 chunks, the plain quantiser on 64 threads), 2287 with two lanes per row
+// there, 1937 on mma.sync with each warp splitting R's fp32 chunks itself for every tile, 1472 with R split once per
+// call, 1177 on wgmma (log, fiftieth round: the k-step loop is now bound by latency, one k-step in flight per CTA). 3
+// fp16 products of [1M, 256] x [256, 256] are ~400 GFLOP: at the H200's dense fp16 rate (~990 TFLOP/s with wgmma) that
+// alone takes >= ~410 us. (Not kept, on mma.sync: a ring of three R chunks, x and R in unpadded swizzled rows so that
+// two CTAs still fit: 2183 us, 20 bytes of spills; the next tile's first R chunk issued before the quantiser:
 // 1974.)
 constexpr int kRotF16Threads = 256;
 
@@ -1722,8 +1729,15 @@ __global__ void __launch_bounds__(kRotF16Threads, 2)
     }
 #endif
     __syncthreads();
-    // Two lanes per row: lanes r and r + 16 of warp w < 4 share row 16 w + r (rows past the end: zeros, not stored).
-    if (warp * 16 < rows) {
+    if constexpr (KMAX == kWarpSearch) {  // a warp per row, every warp (its lane holds channels lane + 32 k)
+      for (int r = warp; r < rows; r += THREADS / 32) {
+        float v[D / 32];
+#pragma unroll
+        for (int k = 0; k < D / 32; ++k) v[k] = tile[r * XS + lane + 32 * k];
+        quantize_row_warp<D>(v, p, row0 + r);
+      }
+    } else if (warp * 16 < rows) {
+      // Two lanes per row: lanes r and r + 16 of warp w < 4 share row 16 w + r (rows past the end: zeros, not stored).
       const int r = warp * 16 + lane % 16;
       quantize_row_thread<D, KMAX, 2>(p, PaddedRow{tile + r * XS}, row0 + r, k_top, r < rows);
     }
@@ -1734,6 +1748,13 @@ __global__ void __launch_bounds__(kRotF16Threads, 2)
 // The thread-per-row kernels keep the top K magnitudes of a row in a sorted register list of up to 32 (a clip ratio of
 // 0.75 at d = 128, 0.875 at d = 256; every ratio at d = 64 above 0.5); larger K take the warp-per-row kernel.
 constexpr int kRowsPathTopMax = 32;
+// The current device's multiprocessor count (at least 1).
+int device_sms() {
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms > 0 ? sms : 1;
+}
 
 // K = number of magnitudes at or above the clip threshold (0: no clipping).
 int clip_top_count(float clip_ratio, int d) {
@@ -1741,6 +1762,34 @@ int clip_top_count(float clip_ratio, int d) {
   int idx = (int)std::floor((double)clip_ratio * d);
   idx = idx < 0 ? 0 : (idx > d - 1 ? d - 1 : idx);
   return d - idx;
+}
+
+// d = 256 with a rotation: R split into the workspace by a first kernel, then x.R on tensor cores and the quantiser
+// (KMAX = kWarpSearch: a warp per row), persistent CTAs.
+template <int KMAX>
+void launch_rotated_f16(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
+  constexpr int D = 256;
+  static const int per_sm = [] {
+    cudaFuncSetAttribute(quantize_rows_rotated_f16_kernel<D, KMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         rot_f16_smem_bytes<D>());
+    int n = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, quantize_rows_rotated_f16_kernel<D, KMAX>, kRotF16Threads,
+                                                  rot_f16_smem_bytes<D>());
+    return n > 0 ? n : 1;
+  }();
+  const long tiles = (p.rows + kRowThreads - 1) / kRowThreads;
+  const long ctas = std::min<long>(tiles, (long)per_sm * device_sms());
+  // R's split in the caller's workspace, or in one of the stream's own (freed behind the kernels).
+  RotationSplit256* split = static_cast<RotationSplit256*>(p.workspace);
+  if (!split) {
+    const cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&split), sizeof(RotationSplit256), stream);
+    if (e != cudaSuccess)
+      throw std::runtime_error(std::string("quantize-pack: workspace allocation failed: ") + cudaGetErrorString(e));
+  }
+  rotation_split_kernel<<<D / 16, kRotF16Threads, 0, stream>>>(p.rotation, split);
+  quantize_rows_rotated_f16_kernel<D, KMAX>
+      <<<(unsigned)ctas, kRotF16Threads, rot_f16_smem_bytes<D>(), stream>>>(p, k_top, split);
+  if (!p.workspace) cudaFreeAsync(split, stream);
 }
 
 template <int D, int KMAX>
@@ -1756,43 +1805,15 @@ void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
                                                       split_warps<D>() * 32, split_smem_bytes<D>());
         return n > 0 ? n : 1;
       }();
-      int device = 0, sms = 0;
-      cudaGetDevice(&device);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
       constexpr int rows_per_cta = split_warps<D>() * split_warp_rows<D>();
-      const long ctas = std::min<long>((p.rows + rows_per_cta - 1) / rows_per_cta, (long)per_sm * (sms > 0 ? sms : 1));
+      const long ctas = std::min<long>((p.rows + rows_per_cta - 1) / rows_per_cta, (long)per_sm * device_sms());
       quantize_rows_rotated_split_kernel<D, KMAX>
           <<<(unsigned)ctas, split_warps<D>() * 32, split_smem_bytes<D>(), stream>>>(p, k_top);
     }
     return;
   }
   if (p.rotation) {
-    if constexpr (D == 256) {
-      static const int per_sm = [] {
-        cudaFuncSetAttribute(quantize_rows_rotated_f16_kernel<D, KMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             rot_f16_smem_bytes<D>());
-        int n = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, quantize_rows_rotated_f16_kernel<D, KMAX>, kRotF16Threads,
-                                                      rot_f16_smem_bytes<D>());
-        return n > 0 ? n : 1;
-      }();
-      int device = 0, sms = 0;
-      cudaGetDevice(&device);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-      const long tiles = (p.rows + kRowThreads - 1) / kRowThreads;
-      const long ctas = std::min<long>(tiles, (long)per_sm * (sms > 0 ? sms : 1));
-      // R's split in the caller's workspace, or in one of the stream's own (freed behind the kernels).
-      RotationSplit256* split = static_cast<RotationSplit256*>(p.workspace);
-      if (!split) {
-        const cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&split), sizeof(RotationSplit256), stream);
-        if (e != cudaSuccess)
-          throw std::runtime_error(std::string("quantize-pack: workspace allocation failed: ") + cudaGetErrorString(e));
-      }
-      rotation_split_kernel<<<D / 16, kRotF16Threads, 0, stream>>>(p.rotation, split);
-      quantize_rows_rotated_f16_kernel<D, KMAX>
-          <<<(unsigned)ctas, kRotF16Threads, rot_f16_smem_bytes<D>(), stream>>>(p, k_top, split);
-      if (!p.workspace) cudaFreeAsync(split, stream);
-    }
+    if constexpr (D == 256) launch_rotated_f16<KMAX>(p, k_top, stream);
     return;
   }
   static const bool configured = [] {
@@ -1825,9 +1846,12 @@ int rows_path_smem_bytes(bool rotated) {
 
 template <int D>
 bool launch_rows_fast(const QuantizePackParams& p, cudaStream_t stream) {
-  if (!quantize_pack_thread_per_row(p)) return false;
+  const QuantizePackPath path = quantize_pack_path(p);
+  if (path == QuantizePackPath::warp_per_row) return false;
   const int k = clip_top_count(p.clip_ratio, D);
-  if (k == 0) launch_rows<D, 0>(p, 0, stream);
+  if (path == QuantizePackPath::tensor_rotate_warp_per_row) {
+    if constexpr (D == 256) launch_rotated_f16<kWarpSearch>(p, k, stream);
+  } else if (k == 0) launch_rows<D, 0>(p, 0, stream);
   else if (k <= 4) launch_rows<D, 4>(p, k, stream);
   else if (k <= 6) launch_rows<D, 6>(p, k, stream);
   else if (k <= 8) launch_rows<D, 8>(p, k, stream);
@@ -1874,21 +1898,39 @@ void check_quantize_pack(const QuantizePackParams& p) {
 }
 
 size_t quantize_pack_workspace_bytes(const QuantizePackParams& p) {
-  return p.rotation && p.head_dim == 256 && quantize_pack_thread_per_row(p) ? sizeof(RotationSplit256) : 0;
+  return p.rotation && p.head_dim == 256 && quantize_pack_path(p) != QuantizePackPath::warp_per_row
+             ? sizeof(RotationSplit256)
+             : 0;
 }
 
-// The thread-per-row path (launch_rows, launch_rows_fast): the clip threshold among the top 32 magnitudes (or no
-// clipping), 16-byte aligned operands and a device that grants the kernel's shared memory. Otherwise the warp-per-row
-// path (slower; its codes and metadata meet the same bounds against the CPU quantiser).
-bool quantize_pack_thread_per_row(const QuantizePackParams& p) {
+// The thread-per-row kernels (launch_rows, launch_rows_fast) need 16-byte aligned operands and a device that grants
+// their shared memory; they take clip thresholds among the top 32 magnitudes (or no clipping), and at d = 256 with a
+// rotation any other too, quantised a warp per row after x.R on tensor cores. The rest: the warp-per-row kernel
+// (slower; its codes and metadata meet the same bounds against the CPU quantiser).
+QuantizePackPath quantize_pack_path(const QuantizePackParams& p) {
   auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  const bool aligned = aligned16(p.input) && aligned16(p.codes) && aligned16(p.rotation);
-  if (!aligned || clip_top_count(p.clip_ratio, p.head_dim) > kRowsPathTopMax) return false;
+  if (!aligned16(p.input) || !aligned16(p.codes) || !aligned16(p.rotation)) return QuantizePackPath::warp_per_row;
   const bool rotated = p.rotation != nullptr;
   const int smem = p.head_dim == 64    ? rows_path_smem_bytes<64>(rotated)
                    : p.head_dim == 128 ? rows_path_smem_bytes<128>(rotated)
                                        : rows_path_smem_bytes<256>(rotated);
-  return smem + kStaticSmemRoom <= device_smem_optin();
+  if (smem + kStaticSmemRoom > device_smem_optin()) return QuantizePackPath::warp_per_row;
+  if (clip_top_count(p.clip_ratio, p.head_dim) <= kRowsPathTopMax) return QuantizePackPath::thread_per_row;
+  // d = 256 rotated, more clipped values: x.R on tensor cores once the warp-per-row kernel would run a second CTA of
+  // 32 rows on some multiprocessor; before, its one CTA per multiprocessor ends sooner than the tensor-core kernel's
+  // fixed cost (H200, clip 0.84: 47.5 against 54.4 us at 4096 rows, 70.0 against 57.8 at 8192; log, fifty-third
+  // round, call 3).
+  const bool tensor = rotated && p.head_dim == 256 && p.rows > (long)kRowsPerCta * device_sms();
+  return tensor ? QuantizePackPath::tensor_rotate_warp_per_row : QuantizePackPath::warp_per_row;
+}
+
+const char* quantize_pack_path_name(QuantizePackPath path) {
+  switch (path) {
+    case QuantizePackPath::thread_per_row: return "thread-per-row";
+    case QuantizePackPath::tensor_rotate_warp_per_row: return "tc-warp-per-row";
+    case QuantizePackPath::warp_per_row: return "warp-per-row";
+  }
+  return "?";
 }
 
 void launch_quantize_pack(const QuantizePackParams& p, cudaStream_t stream) {

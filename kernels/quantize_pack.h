@@ -33,13 +33,19 @@ struct QuantizePackParams {
 
 void check_quantize_pack(const QuantizePackParams& params);
 // Device memory a call with these parameters needs on the current device besides its operands (d = 256 with a
-// rotation, on the path for clip thresholds among the top 32 magnitudes where the device grants that kernel's ~100 KB
-// of shared memory: R split into fp16 hi / lo fragments by a first kernel, ~257 KB; else 0).
+// rotation, on the tensor-core paths below: R split into fp16 hi / lo fragments by a first kernel, ~257 KB; else 0).
 size_t quantize_pack_workspace_bytes(const QuantizePackParams& params);
-// Whether a call with these parameters takes the thread-per-row kernels on the current device (the fast path: the
-// clip threshold among the 32 largest magnitudes, 16-byte aligned operands, and the device grants their shared
-// memory) or the slower warp-per-row kernel. For reports (oscar-bench); the launch decides the same way.
-bool quantize_pack_thread_per_row(const QuantizePackParams& params);
+// The kernel a call with these parameters takes on the current device. For reports (oscar-bench); the launch decides
+// the same way.
+enum class QuantizePackPath : int {
+  thread_per_row,  // the fast path: the clip threshold among the 32 largest magnitudes, x.R (if any) on tensor cores;
+                   // needs 16-byte aligned operands and a device that grants its shared memory (~227 KB at d = 128
+                   // rotated, ~100 KB at d = 256 rotated)
+  tensor_rotate_warp_per_row,  // d = 256 with a rotation and more clipped values: the same x.R, then a warp per row
+  warp_per_row,                // the rest: fp32 x.R through shared memory, then a warp per row (slower)
+};
+QuantizePackPath quantize_pack_path(const QuantizePackParams& params);
+const char* quantize_pack_path_name(QuantizePackPath path);  // thread-per-row, tc-warp-per-row, warp-per-row
 void launch_quantize_pack(const QuantizePackParams& params, cudaStream_t stream);
 
 }  // namespace oscar::kernels

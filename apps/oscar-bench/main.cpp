@@ -227,8 +227,9 @@ int bench_main(int argc, char** argv) {
   // own (int2_splits is then the most pieces of any sequence); merged by each pair's last CTA, or with the suffix
   // +merge-ctas (grids of one to two waves) by a merge CTA per pair at the end of the grid, +merge-ctas-xN by N per
   // pair, each un-rotating 1/N of the output columns). Quantise-pack rows: batch = rows, split_plan = the kernel the
-  // call took (thread-per-row, the fast path, or warp-per-row: clip thresholds below the 32 largest magnitudes, or a
-  // GPU without the fast path's shared memory), clip_ratio as given.
+  // call took (kernels::QuantizePackPath: thread-per-row, the fast path; tc-warp-per-row, d = 256 rotated with clip
+  // thresholds below the 32 largest magnitudes; warp-per-row, such thresholds otherwise, or a GPU without the fast
+  // path's shared memory), clip_ratio as given.
   table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "clip_ratio", "launches",
                   "int2_splits", "bf16_splits", "split_plan", "mbytes", "time_us", "noise_pct", "sm_mhz", "tbps",
                   "pct_peak", "floor_us", "pct_floor", "speedup_vs_bf16", "gpu"};
@@ -413,7 +414,7 @@ int bench_main(int argc, char** argv) {
         const double bytes = 1.0 * quant_rows * (head_dim * 4 + head_dim / 4 + 8);
         const long launches = workspace.size() > 0 ? 2 : 1;  // a workspace holds R split by a kernel of its own
         const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
-        const std::string path = kernels::quantize_pack_thread_per_row(p) ? "thread-per-row" : "warp-per-row";
+        const std::string path = kernels::quantize_pack_path_name(kernels::quantize_pack_path(p));
         const std::string kernel = rotate ? "quantize_pack_rotate" : "quantize_pack";
         const auto [floor_us, pct_floor] = floor_columns(bytes, t.median_us);
         table.add_row({kernel, quant_rows, 0L, std::string("-"), std::string("fp32"), clip, launches,

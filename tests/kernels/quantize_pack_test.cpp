@@ -163,10 +163,11 @@ struct RotatedRun {
 
 // fp16_storage: the kernel writes the metadata as fp16 (needs fp16 metadata); run.meta holds them as floats.
 // caller_workspace: the call gets its workspace (quantize_pack_workspace_bytes) from the caller, poisoned, instead of
-// allocating one on the stream.
+// allocating one on the stream. unaligned_input: the rows start 4 bytes past a 16-byte boundary (the warp-per-row
+// kernel).
 RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& rot, long rows, int d, float clip = 0.96f,
                        MetadataType metadata = MetadataType::fp32, bool fp16_storage = false,
-                       bool caller_workspace = false) {
+                       bool caller_workspace = false, bool unaligned_input = false) {
   QuantizerConfig config;
   config.clip_ratio = clip;
   config.metadata = metadata;
@@ -178,12 +179,18 @@ RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& ro
   DeviceBuffer<float> dx, drot, dmeta(run.ref_meta.size());
   DeviceBuffer<uint16_t> dmeta16(run.ref_meta.size());
   DeviceBuffer<uint8_t> dcodes(run.ref_codes.size());
-  dx.upload(x);
+  if (unaligned_input) {
+    std::vector<float> shifted(x.size() + 1, 0.0f);
+    std::copy(x.begin(), x.end(), shifted.begin() + 1);
+    dx.upload(shifted);
+  } else {
+    dx.upload(x);
+  }
   drot.upload(rot);
   kernels::QuantizePackParams p;
   p.rows = rows;
   p.head_dim = d;
-  p.input = dx.get();
+  p.input = dx.get() + (unaligned_input ? 1 : 0);
   p.rotation = drot.get();
   p.clip_ratio = clip;
   p.metadata = rounding_of(metadata);
@@ -209,16 +216,19 @@ RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& ro
   return run;
 }
 
-// Clip 0.96 and 26 clipped values (the top-32 list) take the thread-per-row kernels; more than 32 clipped values
-// (clip 0.7, at d = 64 0.45) the warp-per-row kernel, which is also what a GPU takes that cannot grant the former's
-// shared memory (rotated d = 128 on an A100).
+// Clip 0.96 and 26 clipped values (the top-32 list) take the thread-per-row kernels; more than 32 clipped values (clip
+// 0.7, at d = 64 0.45) the warp-per-row kernel (d = 256, more than 32 rows per multiprocessor: after x.R on tensor cores), and so does an
+// unaligned input at any ratio (the warp-per-row kernel is also what a GPU takes that cannot grant the thread-per-row
+// kernels' shared memory: rotated d = 128 on an A100).
 TEST(QuantizePack, RotationWithinFloatTolerance) {
   for (int d : {64, 128, 256}) {
-    for (float clip : {0.96f, (d - 26.0f) / d, d == 64 ? 0.45f : 0.7f}) {
-      const long rows = 2000;
+    for (float clip : {0.96f, (d - 26.0f) / d, d == 64 ? 0.45f : 0.7f, -0.7f}) {
+      const bool unaligned = clip < 0.0f;  // the warp-per-row kernel (d = 256 at 0.7 would take tc-warp-per-row)
+      clip = std::fabs(clip);
+      const long rows = d == 256 ? 7001 : 2000;
       auto x = test::random_normal(static_cast<size_t>(rows) * d, 5 + d);
       auto rot = test::random_normal(static_cast<size_t>(d) * d, 6 + d, 1.0f / std::sqrt(static_cast<float>(d)));
-      const RotatedRun run = run_rotated(x, rot, rows, d, clip);
+      const RotatedRun run = run_rotated(x, rot, rows, d, clip, MetadataType::fp32, false, false, unaligned);
       const std::vector<float>& meta = run.meta;
       const std::vector<float>& ref_meta = run.ref_meta;
       // Metadata: within a few float ulps relative (x.R differs by summation order, ~1e-6 relative).
@@ -226,7 +236,8 @@ TEST(QuantizePack, RotationWithinFloatTolerance) {
         ASSERT_NEAR(meta[i], ref_meta[i], 1e-4 * std::fabs(ref_meta[i]) + 1e-7) << "scale of row " << i / 2;
         ASSERT_NEAR(meta[i + 1], ref_meta[i + 1], 1e-4 * std::fabs(ref_meta[i + 1]) + 1e-6) << "zero of row " << i / 2;
       }
-      const std::string label = "d " + std::to_string(d) + " clip " + std::to_string(clip).substr(0, 4);
+      const std::string label =
+          "d " + std::to_string(d) + " clip " + std::to_string(clip).substr(0, 4) + (unaligned ? " unaligned" : "");
       std::printf("  %s: largest relative scale difference %.3g\n", label.c_str(),
                   test::max_scale_error(run.meta, run.ref_meta));
       test::expect_codes_close(run.codes, run.ref_codes, rows, d, label);
@@ -330,7 +341,11 @@ TEST(QuantizePack, RotationBySignedPermutationBitIdentical) {
                         {128, 20011, 0.796875f, MetadataType::fp32, false},
                         {128, 7001, 0.75f, MetadataType::fp16, true},
                         {256, 3001, 0.92f, MetadataType::bf16, false},
-                        {64, 5003, 0.59375f, MetadataType::fp32, false}};
+                        {64, 5003, 0.59375f, MetadataType::fp32, false},
+                        // K = 52 and 77 at d = 256: a warp per row after x.R on tensor cores (more than 32 rows
+                        // per multiprocessor), or the warp-per-row kernel.
+                        {256, 7001, 0.8f, MetadataType::fp16, true},
+                        {256, 1001, 0.7f, MetadataType::fp32, false}};
   for (const Case& c : cases) {
     const int d = c.dim;
     std::vector<float> x = test::random_normal(static_cast<size_t>(c.rows) * d, 31 + d + c.rows, 2.0f);
@@ -382,21 +397,40 @@ TEST(QuantizePack, RotationWithZeroAndFallbackRowsBitIdentical) {
 // d = 256 splits R into a workspace first: the caller's (poisoned beforehand) and the call's own give the same bits.
 TEST(QuantizePack, RotationWorkspaceOfCallerOrStreamSameBits) {
   const int d = 256;
-  const long rows = 3001;
+  const long rows = 7001;
   auto x = test::random_normal(static_cast<size_t>(rows) * d, 61, 3.0f);
   auto rot = test::random_normal(static_cast<size_t>(d) * d, 62, 1.0f / std::sqrt(static_cast<float>(d)));
   kernels::QuantizePackParams p;
+  p.rows = rows;
   p.head_dim = d;
   EXPECT_EQ(kernels::quantize_pack_workspace_bytes(p), 0u);
   p.rotation = rot.data();
-  EXPECT_GT(kernels::quantize_pack_workspace_bytes(p), size_t{256} * d * 4);  // R's fp16 hi and lo at least
-  p.clip_ratio = 0.8f;  // 52 clipped values: the warp-per-row path, which needs none
+  const size_t bytes = kernels::quantize_pack_workspace_bytes(p);
+  EXPECT_GT(bytes, size_t{256} * d * 4);  // R's fp16 hi and lo at least
+  p.clip_ratio = 0.8f;  // 52 clipped values: a warp per row after the same x.R, from the same workspace
+  EXPECT_EQ(kernels::quantize_pack_path(p), kernels::QuantizePackPath::tensor_rotate_warp_per_row);
+  EXPECT_EQ(kernels::quantize_pack_workspace_bytes(p), bytes);
+  int device = 0, sms = 0;
+  cuda_check(cudaGetDevice(&device), "device");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "multiprocessors");
+  ASSERT_GT(rows, 32L * sms);
+  p.rows = 32L * sms;  // one CTA of 32 rows per multiprocessor: the warp-per-row kernel, which needs none
+  EXPECT_EQ(kernels::quantize_pack_path(p), kernels::QuantizePackPath::warp_per_row);
   EXPECT_EQ(kernels::quantize_pack_workspace_bytes(p), 0u);
-  const RotatedRun own = run_rotated(x, rot, rows, d);
-  const RotatedRun given = run_rotated(x, rot, rows, d, 0.96f, MetadataType::fp32, false, true);
-  EXPECT_EQ(own.codes, given.codes);
-  EXPECT_EQ(own.meta, given.meta);
-  test::expect_codes_close(given.codes, given.ref_codes, rows, d, "caller's workspace");
+  p.rows = 32L * sms + 1;
+  EXPECT_EQ(kernels::quantize_pack_path(p), kernels::QuantizePackPath::tensor_rotate_warp_per_row);
+  p.rows = rows;
+  p.rotation = rot.data() + 1;  // unaligned: the warp-per-row kernel
+  EXPECT_EQ(kernels::quantize_pack_path(p), kernels::QuantizePackPath::warp_per_row);
+  EXPECT_EQ(kernels::quantize_pack_workspace_bytes(p), 0u);
+  for (float clip : {0.96f, 0.8f}) {
+    const std::string what = "clip " + std::to_string(clip).substr(0, 4);
+    const RotatedRun own = run_rotated(x, rot, rows, d, clip);
+    const RotatedRun given = run_rotated(x, rot, rows, d, clip, MetadataType::fp32, false, true);
+    EXPECT_EQ(own.codes, given.codes) << what;
+    EXPECT_EQ(own.meta, given.meta) << what;
+    test::expect_codes_close(given.codes, given.ref_codes, rows, d, "caller's workspace, " + what);
+  }
 }
 
 // Input rows that are not 16-byte aligned take the warp-per-row kernel at any clip ratio: at d = 128 clip 0.96 its
@@ -426,9 +460,9 @@ TEST(QuantizePack, UnalignedRowsTakeTheWarpKernelSameBits) {
     p.clip_ratio = clip;
     p.codes = dcodes.get();
     p.metadata_out = dmeta.get();
-    EXPECT_TRUE(kernels::quantize_pack_thread_per_row(p));
+    EXPECT_EQ(kernels::quantize_pack_path(p), kernels::QuantizePackPath::thread_per_row);
     p.input = dx.get() + 1;  // 4 bytes past a 16-byte boundary
-    EXPECT_FALSE(kernels::quantize_pack_thread_per_row(p));
+    EXPECT_EQ(kernels::quantize_pack_path(p), kernels::QuantizePackPath::warp_per_row);
     kernels::launch_quantize_pack(p, nullptr);
     cuda_check(cudaDeviceSynchronize(), "sync");
     EXPECT_EQ(dcodes.download(), ref_codes) << "clip " << clip;
