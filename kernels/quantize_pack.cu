@@ -1918,8 +1918,8 @@ QuantizePackPath quantize_pack_path(const QuantizePackParams& p) {
   if (clip_top_count(p.clip_ratio, p.head_dim) <= kRowsPathTopMax) return QuantizePackPath::thread_per_row;
   // d = 256 rotated, more clipped values: x.R on tensor cores once the warp-per-row kernel would run a second CTA of
   // 32 rows on some multiprocessor; before, its one CTA per multiprocessor ends sooner than the tensor-core kernel's
-  // fixed cost (H200, clip 0.84: 47.5 against 54.4 us at 4096 rows, 70.0 against 57.8 at 8192; log, fifty-third
-  // round, call 3).
+  // fixed cost (H200, clip 0.84: 46.9-47.7 against 54.2-54.6 us at 4224 rows, 69.1-69.2 against 53.6-54.5 at 4256;
+  // log, fifty-third round, calls 5 and 6).
   const bool tensor = rotated && p.head_dim == 256 && p.rows > (long)kRowsPerCta * device_sms();
   return tensor ? QuantizePackPath::tensor_rotate_warp_per_row : QuantizePackPath::warp_per_row;
 }
