@@ -1,12 +1,11 @@
-// Rotate-clip-quantise-pack kernels (see quantize_pack.h). With the clip threshold among the 32
-// largest magnitudes (clip ratio >= 1 - 32/d): one thread (d = 256: two lanes) per row (below), x.R (if any) on
-// tensor cores first (fp16 split with power-of-two scaling; R streamed from L2 at d = 256; there, with more clipped
-// values and enough rows, the same x.R and then a warp per row as below). Otherwise: CTA = 8 warps, 32 rows. With a
-// rotation the CTA first computes its [32, d] tile of x.R through shared memory (fp32 FMA); then each warp quantises
-// 4 rows: a lane holds channels lane + 32k. The clip
-// threshold is found exactly by removing extremes one at a time (few rounds) or bit by bit; every division and
-// addition uses the _rn intrinsics (the library is built with --use_fast_math) so codes and metadata match the CPU
-// quantiser bit for bit.
+// Rotate-clip-quantise-pack kernels (see quantize_pack.h). With the clip threshold among the 32 largest magnitudes
+// (clip ratio >= 1 - 32/d): one thread (d = 256: two lanes) per row (below), x.R (if any) on tensor cores first (fp16
+// split with power-of-two scaling; R streamed from L2 at d = 256; there, with more clipped values and enough rows, the
+// same x.R and then a warp per row as below). Otherwise: CTA = 8 warps, 32 rows. With a rotation the CTA first computes
+// its [32, d] tile of x.R through shared memory (fp32 FMA); then each warp quantises 4 rows: a lane holds channels
+// lane + 32k. The clip threshold is found exactly by removing extremes one at a time (few rounds) or bit by bit;
+// every division and addition uses the _rn intrinsics (the library is built with --use_fast_math) so codes and
+// metadata match the CPU quantiser bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -1746,7 +1745,8 @@ __global__ void __launch_bounds__(kRotF16Threads, 2)
 }
 
 // The thread-per-row kernels keep the top K magnitudes of a row in a sorted register list of up to 32 (a clip ratio of
-// 0.75 at d = 128, 0.875 at d = 256; every ratio at d = 64 above 0.5); larger K take the warp-per-row kernel.
+// 0.75 at d = 128, 0.875 at d = 256; every ratio at d = 64 above 0.5); larger K are quantised a warp per row (in the
+// warp-per-row kernel, or at d = 256 with a rotation after the tensor-core x.R: quantize_pack_path).
 constexpr int kRowsPathTopMax = 32;
 // The current device's multiprocessor count (at least 1).
 int device_sms() {

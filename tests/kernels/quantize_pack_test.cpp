@@ -217,9 +217,9 @@ RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& ro
 }
 
 // Clip 0.96 and 26 clipped values (the top-32 list) take the thread-per-row kernels; more than 32 clipped values (clip
-// 0.7, at d = 64 0.45) the warp-per-row kernel (d = 256, more than 32 rows per multiprocessor: after x.R on tensor cores), and so does an
-// unaligned input at any ratio (the warp-per-row kernel is also what a GPU takes that cannot grant the thread-per-row
-// kernels' shared memory: rotated d = 128 on an A100).
+// 0.7, at d = 64 0.45) the warp-per-row kernel (d = 256, more than 32 rows per multiprocessor: after x.R on tensor
+// cores), and so does an unaligned input at any ratio (the warp-per-row kernel is also what a GPU takes that cannot
+// grant the thread-per-row kernels' shared memory: rotated d = 128 on an A100).
 TEST(QuantizePack, RotationWithinFloatTolerance) {
   for (int d : {64, 128, 256}) {
     for (float clip : {0.96f, (d - 26.0f) / d, d == 64 ? 0.45f : 0.7f, -0.7f}) {
