@@ -150,8 +150,13 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantCase{128, 4001, 0.91f, MetadataType::fp16, true},
                       QuantCase{256, 2003, 0.953125f, MetadataType::fp32, false},
                       // The warp-per-row kernel's threshold search: bit by bit above (K = 33, 64, and 231 at
-                      // d = 256 clip 0.1), by removing the 5 smallest magnitudes here (the largest: see
-                      // UnalignedRowsTakeTheWarpKernelSameBits).
+                      // d = 256 clip 0.1) and here on many rows (K = 41 and 52 at d = 256, 39 at d = 128; ties on the
+                      // grid rows), so that it stops early at the smallest magnitude above its lower bound, at the
+                      // largest below its upper bound, and runs all 31 steps; by removing the 5 smallest magnitudes
+                      // here (the largest: see UnalignedRowsTakeTheWarpKernelSameBits).
+                      QuantCase{256, 6007, 0.84f, MetadataType::fp16, true},
+                      QuantCase{256, 3001, 0.8f, MetadataType::fp32, false},
+                      QuantCase{128, 4001, 0.7f, MetadataType::bf16, true},
                       QuantCase{128, 1001, 0.04f, MetadataType::fp32, false},
                       QuantCase{64, 999, 0.08f, MetadataType::fp16, true}));
 
