@@ -3,7 +3,7 @@
 // split with power-of-two scaling; R streamed from L2 at d = 256; there, with more clipped values and enough rows, the
 // same x.R and then a warp per row as below). Otherwise: CTA = 8 warps, 32 rows. With a rotation the CTA first computes
 // its [32, d] tile of x.R through shared memory (fp32 FMA); then each warp quantises 4 rows: a lane holds channels
-// lane + 32k. The clip threshold is found exactly by removing extremes one at a time (few rounds) or bit by bit;
+// lane + 32k. The clip threshold is found exactly bit by bit, stopping once it is the extreme of what is left;
 // every division and addition uses the _rn intrinsics (the library is built with --use_fast_math) so codes and
 // metadata match the CPU quantiser bit for bit.
 #include <algorithm>
@@ -62,10 +62,16 @@ __device__ __forceinline__ void store_metadata(const QuantizePackParams& p, long
 __device__ __forceinline__ float first_min(float a, float b) { return b < a ? b : a; }
 __device__ __forceinline__ float first_max(float a, float b) { return a < b ? b : a; }
 
-// The warp-per-row threshold search removes extremes one at a time (a warp reduction each) up to this many rounds,
-// and beyond it searches tau bit by bit (31 steps). On the H200 (1M rows, unrotated) a round costs ~111 us at d = 128
-// and ~192 us at d = 256, the whole bit search 963 and 1536 us: as much as ~5 rounds plus the rest of the kernel.
-constexpr int kRemovalRoundsMax = 5;
+// The code of a clipped value a, as the CPU quantiser computes it: v / scale correctly rounded without a division
+// (Markstein: with r = RN(1/s) and q0 = RN(a r), q0 + (a - q0 s) r rounds to RN(a / s)), two rounded additions, floor,
+// clamp to [0, 3].
+__device__ __forceinline__ int code_of_clipped(float a, float scale, float r, float zero) {
+  const float q0 = __fmul_rn(a, r);
+  const float q = __fmaf_rn(__fmaf_rn(-q0, scale, a), r, q0);
+  const int code = __float2int_rd(__fadd_rn(__fadd_rn(q, zero), 0.5f));
+  return min(max(code, 0), 3);
+}
+
 // KMAX of the rotated d = 256 thread-per-row kernel's instance that quantises a warp per row (quantize_row_warp) after
 // its x.R on tensor cores: more clipped values than the thread-per-row lists hold.
 constexpr int kWarpSearch = -1;
@@ -78,71 +84,42 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
   if (p.clip_ratio < 1.0f) {
     int idx = (int)floor((double)p.clip_ratio * D);
     idx = idx < 0 ? 0 : (idx > D - 1 ? D - 1 : idx);
-    float a[NV];
+    // tau = the largest bit pattern T with at least K = D - idx magnitudes at or above it (non-negative floats order
+    // as their bits): that is the K-th largest magnitude, the CPU's idx-th smallest, ties included. One bit per step,
+    // each a count and one warp reduction. The answer lies in [t, upper), with n_low >= K magnitudes at or above t and
+    // n_high < K at or above upper; the search stops as soon as it is the smallest magnitude at or above t (n_low = K)
+    // or the largest below upper (n_high = K - 1): one min / max reduction then. On random rows that is after 11-13 of
+    // the 31 steps (at once for K = 1 or D). H200, 1M rows, unrotated, clip 0.84 at d = 256: 1551 us with all 31 steps,
+    // 1096 us stopping early (log, fifty-fourth round); removing extremes one at a time (a reduction each), which this
+    // search replaced, was slower from the third (d = 128: 721 us with three removed, 595 searching). (Two bits per
+    // step, the counts of three candidates in 10-bit fields of one reduction: 16 steps but 30-70 % slower: log,
+    // fifty-third round, call 4.)
+    const unsigned K = (unsigned)(D - idx);
+    unsigned bits[NV];
 #pragma unroll
-    for (int k = 0; k < NV; ++k) a[k] = fabsf(v[k]);
-    const int above = D - 1 - idx;
-    const bool from_top = above <= idx;
-    const int rounds = from_top ? above : idx;  // extremes removed before the threshold is the extreme left
-    float tau = 0.f;
-    if (rounds > kRemovalRoundsMax) {
-      // tau = the largest bit pattern T with at least K = D - idx magnitudes at or above it (non-negative floats order
-      // as their bits): that is the K-th largest magnitude, the CPU's idx-th smallest, ties included. One bit per
-      // step, each a count and one warp reduction. The answer lies in [t, upper), with n_low >= K magnitudes at or
-      // above t and n_high < K at or above upper; the search stops as soon as it is the smallest magnitude at or
-      // above t (n_low = K) or the largest below upper (n_high = K - 1): one min / max reduction then. On random
-      // rows that is after ~14 of the 31 steps. (Two bits per step, the counts of three candidates in 10-bit fields
-      // of one reduction: 16 steps but 30-70 % slower, H200, 1M rows: log, fifty-third round, call 4.)
-      const unsigned K = (unsigned)(D - idx);
-      unsigned bits[NV];
+    for (int k = 0; k < NV; ++k) bits[k] = __float_as_uint(fabsf(v[k]));
+    unsigned t = 0u, upper = 0x80000000u, n_low = D, n_high = 0u;
+    for (int b = 30; b >= 0 && n_low != K && n_high + 1 != K; --b) {
+      const unsigned candidate = t | 1u << b;
+      unsigned n = 0u;
 #pragma unroll
-      for (int k = 0; k < NV; ++k) bits[k] = __float_as_uint(a[k]);
-      unsigned t = 0u, upper = 0x80000000u, n_low = D, n_high = 0u;
-      for (int b = 30; b >= 0 && n_low != K && n_high + 1 != K; --b) {
-        const unsigned candidate = t | 1u << b;
-        unsigned n = 0u;
-#pragma unroll
-        for (int k = 0; k < NV; ++k) n += bits[k] >= candidate ? 1u : 0u;
-        n = __reduce_add_sync(0xffffffffu, n);
-        if (n >= K) t = candidate, n_low = n;
-        else upper = candidate, n_high = n;
-      }
-      if (n_low == K) {
-        unsigned m = 0xffffffffu;
-#pragma unroll
-        for (int k = 0; k < NV; ++k) m = min(m, bits[k] >= t ? bits[k] : 0xffffffffu);
-        t = __reduce_min_sync(0xffffffffu, m);
-      } else if (n_high + 1 == K) {
-        unsigned m = 0u;
-#pragma unroll
-        for (int k = 0; k < NV; ++k) m = max(m, bits[k] < upper ? bits[k] : 0u);
-        t = __reduce_max_sync(0xffffffffu, m);
-      }
-      tau = __uint_as_float(t);
-    } else {
-      unsigned removed = 0;
-      for (int r = 0; r <= rounds; ++r) {
-        float best = from_top ? -INFINITY : INFINITY;
-        int best_k = -1;
-#pragma unroll
-        for (int k = 0; k < NV; ++k) {
-          if (removed >> k & 1u) continue;
-          if (best_k < 0 || (from_top ? a[k] > best : a[k] < best)) best = a[k], best_k = k;
-        }
-        float wbest = best;
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) {
-          const float o = __shfl_xor_sync(0xffffffffu, wbest, off);
-          wbest = from_top ? fmaxf(wbest, o) : fminf(wbest, o);
-        }
-        if (r == rounds) {
-          tau = wbest;
-          break;
-        }
-        const unsigned holders = __ballot_sync(0xffffffffu, best_k >= 0 && best == wbest);
-        if (lane == __ffs(holders) - 1) removed |= 1u << best_k;
-      }
+      for (int k = 0; k < NV; ++k) n += bits[k] >= candidate ? 1u : 0u;
+      n = __reduce_add_sync(0xffffffffu, n);
+      if (n >= K) t = candidate, n_low = n;
+      else upper = candidate, n_high = n;
     }
+    if (n_low == K) {
+      unsigned m = 0xffffffffu;
+#pragma unroll
+      for (int k = 0; k < NV; ++k) m = min(m, bits[k] >= t ? bits[k] : 0xffffffffu);
+      t = __reduce_min_sync(0xffffffffu, m);
+    } else if (n_high + 1 == K) {
+      unsigned m = 0u;
+#pragma unroll
+      for (int k = 0; k < NV; ++k) m = max(m, bits[k] < upper ? bits[k] : 0u);
+      t = __reduce_max_sync(0xffffffffu, m);
+    }
+    const float tau = __uint_as_float(t);
 #pragma unroll
     for (int k = 0; k < NV; ++k) v[k] = v[k] < -tau ? -tau : (tau < v[k] ? tau : v[k]);
   }
@@ -156,13 +133,10 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
   }
   const float scale = group_scale(mn, mx, p.metadata);
   const float zero = round_metadata(__fdiv_rn(-mn, scale), p.metadata);
+  const float r = __frcp_rn(scale);
   unsigned code[NV];
 #pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    float c = floorf(__fadd_rn(__fadd_rn(__fdiv_rn(v[k], scale), zero), 0.5f));
-    c = c < 0.f ? 0.f : (3.f < c ? 3.f : c);
-    code[k] = (unsigned)c;
-  }
+  for (int k = 0; k < NV; ++k) code[k] = (unsigned)code_of_clipped(v[k], scale, r, zero);
   const long dst = p.destination_rows ? p.destination_rows[row] : row;
   uint8_t* out = p.codes + dst * Q;
   if constexpr (D >= 128) {
@@ -369,8 +343,7 @@ __device__ __forceinline__ void quantize_row_thread_plain(const QuantizePackPara
   }
   const float scale = group_scale(mn, mx, p.metadata);
   const float zero = round_metadata(__fdiv_rn(-mn, scale), p.metadata);
-  // (3) codes: v / scale correctly rounded without a division per value (Markstein: with r = RN(1/s)
-  // and q0 = RN(v r), q0 + (v - q0 s) r rounds to RN(v / s)); channel c -> byte c % Q, bits 2 (c / Q).
+  // (3) codes (code_of_clipped); channel c -> byte c % Q, bits 2 (c / Q).
   const float r = __frcp_rn(scale);
   uint32_t packed[Q / 4];
 #pragma unroll
@@ -381,11 +354,7 @@ __device__ __forceinline__ void quantize_row_thread_plain(const QuantizePackPara
     const float v[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float a = clip(v[e]);
-      const float q0 = __fmul_rn(a, r);
-      const float q = __fmaf_rn(__fmaf_rn(-q0, scale, a), r, q0);
-      int code = __float2int_rd(__fadd_rn(__fadd_rn(q, zero), 0.5f));
-      code = min(max(code, 0), 3);
+      const int code = code_of_clipped(clip(v[e]), scale, r, zero);
       const int ch = c + e, byte = ch % Q;
       packed[byte / 4] += (uint32_t)code << (8 * (byte % 4) + 2 * (ch / Q));
     }
@@ -457,11 +426,7 @@ __device__ __forceinline__ float fma_saturate(float a, float b, float c) {
 
 // The code of one value, exactly as quantize_row_thread_plain computes it (clip at tau; INFINITY: none).
 __device__ __forceinline__ int code_of(float v, float tau, float scale, float r, float zero) {
-  const float a = fminf(fmaxf(v, -tau), tau);
-  const float q0 = __fmul_rn(a, r);
-  const float q = __fmaf_rn(__fmaf_rn(-q0, scale, a), r, q0);
-  const int code = __float2int_rd(__fadd_rn(__fadd_rn(q, zero), 0.5f));
-  return min(max(code, 0), 3);
+  return code_of_clipped(fminf(fmaxf(v, -tau), tau), scale, r, zero);
 }
 
 // (b, c) with saturate(v b + c) = 1 iff code_of(v) >= j = i + 1 (i = 0, 1, 2: the threshold, a run-time value

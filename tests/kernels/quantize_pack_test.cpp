@@ -149,15 +149,16 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantCase{64, 3001, 0.86f, MetadataType::fp32, false},
                       QuantCase{128, 4001, 0.91f, MetadataType::fp16, true},
                       QuantCase{256, 2003, 0.953125f, MetadataType::fp32, false},
-                      // The warp-per-row kernel's threshold search: bit by bit above (K = 33, 64, and 231 at
-                      // d = 256 clip 0.1) and here on many rows (K = 41 and 52 at d = 256, 39 at d = 128; ties on the
-                      // grid rows), so that it stops early at the smallest magnitude above its lower bound, at the
-                      // largest below its upper bound, and runs all 31 steps; by removing the 5 smallest magnitudes
-                      // here (the largest: see UnalignedRowsTakeTheWarpKernelSameBits).
+                      // The warp-per-row kernel's threshold search (K = 33, 64, and 231 at d = 256 clip 0.1 above),
+                      // on many rows (K = 41 and 52 at d = 256, 39 at d = 128; ties on the grid rows), so that it
+                      // stops early at the smallest magnitude above its lower bound, at the largest below its upper
+                      // bound, and runs all 31 steps; and near the smallest magnitudes (K = D - 5, and K = D, found
+                      // at once by one minimum). The largest: see UnalignedRowsTakeTheWarpKernelSameBits.
                       QuantCase{256, 6007, 0.84f, MetadataType::fp16, true},
                       QuantCase{256, 3001, 0.8f, MetadataType::fp32, false},
                       QuantCase{128, 4001, 0.7f, MetadataType::bf16, true},
                       QuantCase{128, 1001, 0.04f, MetadataType::fp32, false},
+                      QuantCase{256, 501, 0.003f, MetadataType::bf16, false},
                       QuantCase{64, 999, 0.08f, MetadataType::fp16, true}));
 
 // The CPU reference and the kernel on the same rows and rotation (clip 0.96, fp32 metadata unless given).
@@ -438,9 +439,9 @@ TEST(QuantizePack, RotationWorkspaceOfCallerOrStreamSameBits) {
   }
 }
 
-// Input rows that are not 16-byte aligned take the warp-per-row kernel at any clip ratio: at d = 128 clip 0.96 its
-// search removes the 5 largest magnitudes, at 0.92 it searches bit by bit (10 rounds would be more). Bit-identical to
-// the CPU.
+// Input rows that are not 16-byte aligned take the warp-per-row kernel at any clip ratio: at d = 128 clip 0.96 and 0.92
+// its search looks for the 6th and 11th largest magnitudes, at 0.995 for the largest (found at once, by one maximum).
+// Bit-identical to the CPU.
 TEST(QuantizePack, UnalignedRowsTakeTheWarpKernelSameBits) {
   const int d = 128, Q = d / 4;
   const long rows = 3001;
@@ -450,7 +451,7 @@ TEST(QuantizePack, UnalignedRowsTakeTheWarpKernelSameBits) {
   dx.upload(x);
   dmeta.resize(static_cast<size_t>(rows) * 2);
   dcodes.resize(static_cast<size_t>(rows) * Q);
-  for (float clip : {0.96f, 0.92f}) {
+  for (float clip : {0.96f, 0.92f, 0.995f}) {
     QuantizerConfig config;
     config.clip_ratio = clip;
     config.metadata = MetadataType::fp32;
