@@ -190,8 +190,14 @@ __global__ void __launch_bounds__(kThreads) quantize_pack_kernel(const __grid_co
       for (int c = 0; c < CC; ++c) acc[r][c] = 0.f;
     for (int k0 = 0; k0 < D; k0 += kChunk) {
       __syncthreads();
-      for (int i = threadIdx.x * 4; i < kChunk * D; i += kThreads * 4)
+      // A fixed count of float4 loads per thread (a loop from threadIdx.x was unrolled 16 times with remainders: H200,
+      // 1M rows, clip 0.7 at d = 128, 1765 -> 1637 us; log, fifty-fourth round).
+      static_assert(kChunk * D % (kThreads * 4) == 0, "whole float4 loads per thread");
+#pragma unroll
+      for (int j = 0; j < kChunk * D / (kThreads * 4); ++j) {
+        const int i = 4 * (threadIdx.x + j * kThreads);
         *reinterpret_cast<float4*>(rs + i) = __ldg(reinterpret_cast<const float4*>(p.rotation + (size_t)k0 * D + i));
+      }
       __syncthreads();
 #pragma unroll 8
       for (int k = 0; k < kChunk; ++k) {
