@@ -88,12 +88,12 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
     // as their bits): that is the K-th largest magnitude, the CPU's idx-th smallest, ties included. One bit per step,
     // each a count and one warp reduction. The answer lies in [t, upper), with n_low >= K magnitudes at or above t and
     // n_high < K at or above upper; the search stops as soon as it is the smallest magnitude at or above t (n_low = K)
-    // or the largest below upper (n_high = K - 1): one min / max reduction then. On random rows that is after 11-13 of
-    // the 31 steps (at once for K = 1 or D). H200, 1M rows, unrotated, clip 0.84 at d = 256: 1551 us with all 31 steps,
-    // 1096 us stopping early (log, fifty-fourth round); removing extremes one at a time (a reduction each), which this
-    // search replaced, was slower from the third (d = 128: 721 us with three removed, 595 searching). (Two bits per
-    // step, the counts of three candidates in 10-bit fields of one reduction: 16 steps but 30-70 % slower: log,
-    // fifty-third round, call 4.)
+    // or the largest below upper (n_high = K - 1): one min / max reduction then. On random rows that is after 11-15 of
+    // the 31 steps (at once for K = 1 or D; rows with many ties may take all 31). H200, 1M rows, unrotated, clip 0.84
+    // at d = 256: 1551 us with all 31 steps, 1096 us stopping early (log, fifty-fourth round). Removing extremes one at
+    // a time (a reduction each), which this search replaced, was slower from the third (d = 128: 721 us with three
+    // removed, 595 searching). (Two bits per step, the counts of three candidates in 10-bit fields of one reduction:
+    // 16 steps but 30-70 % slower: log, fifty-third round, call 4.)
     const unsigned K = (unsigned)(D - idx);
     unsigned bits[NV];
 #pragma unroll
@@ -1906,7 +1906,8 @@ QuantizePackPath quantize_pack_path(const QuantizePackParams& p) {
   // d = 256 rotated, more clipped values: x.R on tensor cores once the warp-per-row kernel would run a second CTA of
   // 32 rows on some multiprocessor; before, its one CTA per multiprocessor ends sooner than the tensor-core kernel's
   // fixed cost (H200, clip 0.84: 46.9-47.7 against 54.2-54.6 us at 4224 rows, 69.1-69.2 against 53.6-54.5 at 4256;
-  // log, fifty-third round, calls 5 and 6).
+  // log, fifty-third round, calls 5 and 6; with the faster search of the fifty-fourth round, 40.8-41.0 us at 4224 rows
+  // on the warp-per-row kernel and 46.2 at 4256 on the tensor cores).
   const bool tensor = rotated && p.head_dim == 256 && p.rows > (long)kRowsPerCta * device_sms();
   return tensor ? QuantizePackPath::tensor_rotate_warp_per_row : QuantizePackPath::warp_per_row;
 }
