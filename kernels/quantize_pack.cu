@@ -62,7 +62,7 @@ __device__ __forceinline__ void store_metadata(const QuantizePackParams& p, long
 __device__ __forceinline__ float first_min(float a, float b) { return b < a ? b : a; }
 __device__ __forceinline__ float first_max(float a, float b) { return a < b ? b : a; }
 
-// The code of a clipped value a, as the CPU quantiser computes it: v / scale correctly rounded without a division
+// The code of a clipped value a, as the CPU quantiser computes it: a / scale correctly rounded without a division
 // (Markstein: with r = RN(1/s) and q0 = RN(a r), q0 + (a - q0 s) r rounds to RN(a / s)), two rounded additions, floor,
 // clamp to [0, 3].
 __device__ __forceinline__ int code_of_clipped(float a, float scale, float r, float zero) {
