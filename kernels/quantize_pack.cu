@@ -85,32 +85,53 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
     int idx = (int)floor((double)p.clip_ratio * D);
     idx = idx < 0 ? 0 : (idx > D - 1 ? D - 1 : idx);
     // tau = the largest bit pattern T with at least K = D - idx magnitudes at or above it (non-negative floats order
-    // as their bits): that is the K-th largest magnitude, the CPU's idx-th smallest, ties included. One bit per step,
-    // each a count and one warp reduction. The answer lies in [t, upper), with n_low >= K magnitudes at or above t and
-    // n_high < K at or above upper; the search stops as soon as it is the smallest magnitude at or above t (n_low = K)
-    // or the largest below upper (n_high = K - 1): one min / max reduction then. On random rows that is after 11-15 of
-    // the 31 steps (at once for K = 1 or D; rows with many ties may take all 31). H200, 1M rows, unrotated, clip 0.84
-    // at d = 256: 1551 us with all 31 steps, 1096 us stopping early (log, fifty-fourth round). Removing extremes one at
-    // a time (a reduction each), which this search replaced, was slower from the third (d = 128: 721 us with three
-    // removed, 595 searching). (Two bits per step, the counts of three candidates in 10-bit fields of one reduction:
-    // 16 steps but 30-70 % slower: log, fifty-third round, call 4.)
+    // as their bits): that is the K-th largest magnitude, the CPU's idx-th smallest, ties included. The answer lies in
+    // [t, upper), with at least K magnitudes at or above t and fewer at or above upper; each step counts the row at a
+    // candidate (one warp reduction) and keeps one side. The first candidates step down from the row's largest
+    // magnitude by 2^3 (three exponents in the bits) until at least K lie above; then the interval is halved. The
+    // search stops as soon as the answer is the smallest magnitude at or above t (count K there) or the largest below
+    // upper (count K - 1): one min / max reduction then. On random rows (uniform, normal, t(3), a few 40x outliers)
+    // that is 5-8 counts, against 11-14 halving the whole bit range from 2^30 (a numpy simulation). Counts: D less
+    // the sign bits of bits - c (both below 2^31), one IADD and one LEA.HI per value. The kernels are issue-bound
+    // here. H200, 1M rows, unrotated, clip 0.84 at d = 256 (log, fifty-fourth and fifty-fifth rounds): 1551 us with
+    // all 31 bit steps, 1096 stopping early, 1036 without division in the codes, 882 with this count (41 -> 27
+    // instructions per step) and a clamp without branches, 713 from the largest magnitude down. (Not kept: removing
+    // extremes one at a time, a reduction each, slower from the third: d = 128, 721 us with three removed, 595
+    // searching; two bits per step, the counts of three candidates in one reduction: 30-70 % slower, fifty-third
+    // round.) e = n - (K - 1) of the last count tells both stops: e = 1 and e = 0; K = D and K = 1 stop at once.
     const unsigned K = (unsigned)(D - idx);
     unsigned bits[NV];
 #pragma unroll
     for (int k = 0; k < NV; ++k) bits[k] = __float_as_uint(fabsf(v[k]));
-    // The row's count at or above c: D less the sign bits of bits - c (both below 2^31), one IADD and one LEA.HI per
-    // value. upper = t + 2 bit throughout, and e = n - (K - 1) of the last count tells both stops: e = 1 (n_low = K),
-    // e = 0 (n_high = K - 1). (K = D and K = 1 stop at once.) The kernels are issue-bound here; each step is 27
-    // instructions at d = 256 (41 with a compare and a predicated add per value, and upper, n_low and n_high kept):
-    // H200, 1M rows, 1036 -> 882 us unrotated at clip 0.84, d = 256 (with the clamp below; log, fifty-fifth round).
-    unsigned t = 0u, bit = 1u << 30, e = K == D ? 1u : (K == 1u ? 0u : 2u);
-    for (; e > 1u && bit != 0u; bit >>= 1) {
-      const unsigned candidate = t | bit;
+    auto count_at_or_above = [&](unsigned c) {
       unsigned below = 0u;
 #pragma unroll
-      for (int k = 0; k < NV; ++k) below += (bits[k] - candidate) >> 31;
-      const unsigned n = D - __reduce_add_sync(0xffffffffu, below);
+      for (int k = 0; k < NV; ++k) below += (bits[k] - c) >> 31;
+      return D - __reduce_add_sync(0xffffffffu, below);
+    };
+    constexpr unsigned kBracketStep = 3u << 23;
+    unsigned t = 0u, upper = 0x80000000u, e = K == D ? 1u : (K == 1u ? 0u : 2u);
+    if (e > 1u) {
+      unsigned m = bits[0];
+#pragma unroll
+      for (int k = 1; k < NV; ++k) m = max(m, bits[k]);
+      t = __reduce_max_sync(0xffffffffu, m);
+      upper = t + 1u;
+      for (;;) {
+        const unsigned lo = t > kBracketStep ? t - kBracketStep : 0u;
+        const unsigned n = count_at_or_above(lo);  // (D at 0, so this ends)
+        e = n - (K - 1u);
+        t = lo;
+        if (n >= K) break;
+        upper = lo;
+        if (e == 0u) break;
+      }
+    }
+    while (e > 1u && upper - t > 1u) {
+      const unsigned candidate = t + ((upper - t) >> 1);
+      const unsigned n = count_at_or_above(candidate);
       t = n >= K ? candidate : t;
+      upper = n >= K ? upper : candidate;
       e = n - (K - 1u);
     }
     if (e == 1u) {
@@ -119,7 +140,6 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
       for (int k = 0; k < NV; ++k) m = min(m, bits[k] >= t ? bits[k] : 0xffffffffu);
       t = __reduce_min_sync(0xffffffffu, m);
     } else if (e == 0u) {
-      const unsigned upper = t + 2u * bit;
       unsigned m = 0u;
 #pragma unroll
       for (int k = 0; k < NV; ++k) m = max(m, bits[k] < upper ? bits[k] : 0u);
