@@ -33,7 +33,8 @@ struct QuantCase {
   long rows;
   float clip;
   MetadataType metadata;
-  bool integer_grid;  // values k/8 with many ties
+  bool integer_grid;         // values k/8 with many ties
+  bool wide_range = false;   // channel i scaled by 2^(i % 41 - 20): magnitudes over 40 octaves in every row
 };
 
 class QuantizePackExact : public ::testing::TestWithParam<QuantCase> {};
@@ -44,6 +45,8 @@ TEST_P(QuantizePackExact, BitIdenticalToCpuQuantizer) {
   std::vector<float> x = test::random_normal(static_cast<size_t>(c.rows) * d, 1234 + d + c.rows, 2.0f);
   if (c.integer_grid)
     for (auto& v : x) v = std::round(v * 4.0f) / 8.0f;
+  if (c.wide_range)
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(x[i], static_cast<int>(i % d % 41) - 20);
   // A few rows with outliers and a constant row.
   if (c.rows > 3) {
     x[5] = 40.0f;
@@ -151,15 +154,21 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantCase{256, 2003, 0.953125f, MetadataType::fp32, false},
                       // The warp-per-row kernel's threshold search (K = 33, 64, and 231 at d = 256 clip 0.1 above),
                       // on many rows (K = 41 and 52 at d = 256, 39 at d = 128; ties on the grid rows), so that it
-                      // stops early at the smallest magnitude above its lower bound, at the largest below its upper
-                      // bound, and runs all 31 steps; and near the smallest magnitudes (K = D - 5, and K = D, found
-                      // at once by one minimum). The largest: see UnalignedRowsTakeTheWarpKernelSameBits.
+                      // stops at the smallest magnitude above its lower bound, at the largest below its upper bound,
+                      // and with an interval one bit pattern wide (ties); and near the smallest magnitudes (K = D -
+                      // 5, and K = D, found at once by one minimum). The largest: see
+                      // UnalignedRowsTakeTheWarpKernelSameBits. Rows over 40 octaves: its first candidates step
+                      // down from the row's largest magnitude many times (and the thread-per-row lists at 0.96).
                       QuantCase{256, 6007, 0.84f, MetadataType::fp16, true},
                       QuantCase{256, 3001, 0.8f, MetadataType::fp32, false},
                       QuantCase{128, 4001, 0.7f, MetadataType::bf16, true},
                       QuantCase{128, 1001, 0.04f, MetadataType::fp32, false},
                       QuantCase{256, 501, 0.003f, MetadataType::bf16, false},
-                      QuantCase{64, 999, 0.08f, MetadataType::fp16, true}));
+                      QuantCase{64, 999, 0.08f, MetadataType::fp16, true},
+                      QuantCase{256, 2003, 0.84f, MetadataType::fp32, false, true},
+                      QuantCase{128, 3001, 0.7f, MetadataType::fp16, false, true},
+                      QuantCase{64, 2001, 0.45f, MetadataType::bf16, false, true},
+                      QuantCase{128, 2001, 0.96f, MetadataType::fp32, false, true}));
 
 // The CPU reference and the kernel on the same rows and rotation (clip 0.96, fp32 metadata unless given).
 struct RotatedRun {
