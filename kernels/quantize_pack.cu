@@ -1935,7 +1935,8 @@ QuantizePackPath quantize_pack_path(const QuantizePackParams& p) {
   // 32 rows on some multiprocessor; before, its one CTA per multiprocessor ends sooner than the tensor-core kernel's
   // fixed cost (H200, clip 0.84: 46.9-47.7 against 54.2-54.6 us at 4224 rows, 69.1-69.2 against 53.6-54.5 at 4256;
   // log, fifty-third round, calls 5 and 6; with the faster search of the fifty-fourth round, 40.8-41.0 us at 4224 rows
-  // on the warp-per-row kernel and 46.2 at 4256 on the tensor cores).
+  // on the warp-per-row kernel and 46.2 at 4256 on the tensor cores; the fifty-fifth round's search, faster again
+  // (4096 rows: 42.0 -> 38.7-38.8 us), was not timed at 4224 / 4256 rows, so this rule is not re-tuned for it).
   const bool tensor = rotated && p.head_dim == 256 && p.rows > (long)kRowsPerCta * device_sms();
   return tensor ? QuantizePackPath::tensor_rotate_warp_per_row : QuantizePackPath::warp_per_row;
 }
