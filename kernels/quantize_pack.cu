@@ -77,13 +77,11 @@ __device__ __forceinline__ int code_of_clipped(float a, float scale, float r, fl
 constexpr int kWarpSearch = -1;
 
 template <int D>
-__device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& p, long row) {
+__device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& p, long row, int k_top) {
   constexpr int NV = D / 32;
   constexpr int Q = D / 4;
   const int lane = threadIdx.x % 32;
-  if (p.clip_ratio < 1.0f) {
-    int idx = (int)floor((double)p.clip_ratio * D);
-    idx = idx < 0 ? 0 : (idx > D - 1 ? D - 1 : idx);
+  if (k_top > 0) {  // K = k_top = D - idx (clip_top_count, on the host), 1 <= K <= D
     // tau = the largest bit pattern T with at least K = D - idx magnitudes at or above it (non-negative floats order
     // as their bits): that is the K-th largest magnitude, the CPU's idx-th smallest, ties included. The answer lies in
     // [t, upper), with at least K magnitudes at or above t and fewer at or above upper; each step counts the row at a
@@ -100,7 +98,7 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
     // searching; two bits per step, the counts of three candidates in one reduction: 30-70 % slower, fifty-third
     // round; two rows per warp, their searches interleaved: 7-9 % slower, fifty-fifth round.) e = n - (K - 1) of the
     // last count tells both stops: e = 1 and e = 0; K = D and K = 1 stop at once.
-    const unsigned K = (unsigned)(D - idx);
+    const unsigned K = (unsigned)k_top;
     unsigned bits[NV];
 #pragma unroll
     for (int k = 0; k < NV; ++k) bits[k] = __float_as_uint(fabsf(v[k]));
@@ -185,7 +183,8 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
 }
 
 template <int D, bool ROTATE>
-__global__ void __launch_bounds__(kThreads) quantize_pack_kernel(const __grid_constant__ QuantizePackParams p) {
+__global__ void __launch_bounds__(kThreads) quantize_pack_kernel(const __grid_constant__ QuantizePackParams p,
+                                                                 int k_top) {
   constexpr int NV = D / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const long row0 = (long)blockIdx.x * kRowsPerCta;
@@ -196,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) quantize_pack_kernel(const __grid_co
       float v[NV];
 #pragma unroll
       for (int k = 0; k < NV; ++k) v[k] = __ldg(p.input + row * D + lane + 32 * k);
-      quantize_row_warp<D>(v, p, row);
+      quantize_row_warp<D>(v, p, row, k_top);
     }
   } else {
     extern __shared__ __align__(128) float smem[];
@@ -255,7 +254,7 @@ __global__ void __launch_bounds__(kThreads) quantize_pack_kernel(const __grid_co
       float v[NV];
 #pragma unroll
       for (int k = 0; k < NV; ++k) v[k] = xs[r * XS + lane + 32 * k];
-      quantize_row_warp<D>(v, p, row);
+      quantize_row_warp<D>(v, p, row, k_top);
     }
   }
 }
@@ -1375,7 +1374,19 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
         const long row0 = gi * 4 * ROWS + warp_offset;
         const int rows = (int)min((long)ROWS, p.rows - row0);
         mbarrier_wait(tile_full + k, parity);
-        quantize_row_thread<D, KMAX, LANES>(p, x, row0 + r, k_top, r < rows);
+        if constexpr (KMAX == kWarpSearch) {  // a warp per row: hand-over row c holds tile row c / 4 + .. (above)
+          const float* const handed = consumer_tiles + (4 * k + w) * CT;
+          for (int c = 0; c < ROWS; ++c) {
+            const int rc = c / 4 + 4 * (c / 2 % 2) + 8 * (c % 2);
+            if (rc >= rows) continue;
+            float v[D / 32];
+#pragma unroll
+            for (int j = 0; j < D / 32; ++j) v[j] = handed[handover_row_offset<D>(c) + lane + 32 * j];
+            quantize_row_warp<D>(v, p, row0 + rc, k_top);
+          }
+        } else {
+          quantize_row_thread<D, KMAX, LANES>(p, x, row0 + r, k_top, r < rows);
+        }
         // The warp together again before the next tile's full-warp shuffles: a row on the quantiser's fallback
         // path keeps its lower lane there while its upper lane and the other rows' lanes have returned.
         __syncwarp();
@@ -1479,7 +1490,14 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
         }
       }
       __syncwarp();
-      if constexpr (LANES == 1) {
+      if constexpr (KMAX == kWarpSearch) {  // a warp per row (lane: channels lane + 32 j)
+        for (int r = 0; r < rows; ++r) {
+          float v[D / 32];
+#pragma unroll
+          for (int j = 0; j < D / 32; ++j) v[j] = row_of(r).at(lane + 32 * j);
+          quantize_row_warp<D>(v, p, row0 + r, k_top);
+        }
+      } else if constexpr (LANES == 1) {
         if (lane < rows) quantize_row_thread<D, KMAX>(p, row_of(lane), row0 + lane, k_top);
       } else {  // lanes r and r + 16 share row r (all lanes take part: the pairs exchange by shuffles)
         const int r = lane % ROWS;
@@ -1748,7 +1766,7 @@ __global__ void __launch_bounds__(kRotF16Threads, 2)
         float v[D / 32];
 #pragma unroll
         for (int k = 0; k < D / 32; ++k) v[k] = tile[r * XS + lane + 32 * k];
-        quantize_row_warp<D>(v, p, row0 + r);
+        quantize_row_warp<D>(v, p, row0 + r, k_top);
       }
     } else if (warp * 16 < rows) {
       // Two lanes per row: lanes r and r + 16 of warp w < 4 share row 16 w + r (rows past the end: zeros, not stored).
@@ -1820,7 +1838,10 @@ void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
                                                       split_warps<D>() * 32, split_smem_bytes<D>());
         return n > 0 ? n : 1;
       }();
-      constexpr int rows_per_cta = split_warps<D>() * split_warp_rows<D>();
+      // A warp per row (KMAX = kWarpSearch) takes a warp's tile one row at a time: at d = 128 a CTA then takes a group
+      // tile per consumer warpgroup, not one per warpgroup, so that small calls spread over more multiprocessors.
+      constexpr int rows_per_cta = split_warp_rows<D>() * (KMAX == kWarpSearch && D == 128 ? 4 * kConsumerGroups
+                                                                                          : split_warps<D>());
       const long ctas = std::min<long>((p.rows + rows_per_cta - 1) / rows_per_cta, (long)per_sm * device_sms());
       quantize_rows_rotated_split_kernel<D, KMAX>
           <<<(unsigned)ctas, split_warps<D>() * 32, split_smem_bytes<D>(), stream>>>(p, k_top);
@@ -1831,15 +1852,27 @@ void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
     if constexpr (D == 256) launch_rotated_f16<KMAX>(p, k_top, stream);
     return;
   }
-  static const bool configured = [] {
-    cudaFuncSetAttribute(quantize_rows_kernel<D, KMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         row_tile_bytes<D>());
-    return true;
-  }();
-  (void)configured;
-  const unsigned blocks = (unsigned)((p.rows + row_tile_rows<D>() - 1) / row_tile_rows<D>());
-  quantize_rows_kernel<D, KMAX><<<blocks, kRowThreads, row_tile_bytes<D>(), stream>>>(p, k_top);
+  if constexpr (KMAX != kWarpSearch) {  // (unrotated rows with more clipped values: the warp-per-row kernel)
+    static const bool configured = [] {
+      cudaFuncSetAttribute(quantize_rows_kernel<D, KMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           row_tile_bytes<D>());
+      return true;
+    }();
+    (void)configured;
+    const unsigned blocks = (unsigned)((p.rows + row_tile_rows<D>() - 1) / row_tile_rows<D>());
+    quantize_rows_kernel<D, KMAX><<<blocks, kRowThreads, row_tile_bytes<D>(), stream>>>(p, k_top);
+  }
 }
+
+// Rotated calls with more than 32 clipped values take x.R on tensor cores and then a warp per row above this many rows
+// per multiprocessor. d = 256: above one 32-row CTA of the warp-per-row kernel per multiprocessor, whose second CTA
+// costs more than the tensor-core path's fixed cost (H200, clip 0.84: 46.9-47.7 against 54.2-54.6 us at 4224 rows,
+// 69.1-69.2 against 53.6-54.5 at 4256: log, fifty-third round; since the fifty-fifth round's search 38.5-39.0 us at 4224
+// rows on the warp-per-row kernel, 39.1-39.6 at 4256 on the tensor cores: fifty-sixth round, call 1). d = 128 and 64:
+// where the times crossed (H200, clip 0.7 / 0.45, log, fifty-sixth round, call 2): d = 128 at 16384 rows (31.2 us
+// either way; 29.4 against 15.9 at 4096, 47.5 against 56.1 at 32768, 860 against 1417 on 1M rows), d = 64 between
+// 32768 rows (38.1 against 29.2) and 65536 (47.9 against 50.1; 611 against 646 on 1M rows).
+int tensor_warp_rows_per_sm(int d) { return d == 256 ? kRowsPerCta : (d == 128 ? 128 : 512); }
 
 // The current device's largest dynamic shared memory per block (opt-in), in bytes (0 without a device).
 int device_smem_optin() {
@@ -1864,9 +1897,8 @@ bool launch_rows_fast(const QuantizePackParams& p, cudaStream_t stream) {
   const QuantizePackPath path = quantize_pack_path(p);
   if (path == QuantizePackPath::warp_per_row) return false;
   const int k = clip_top_count(p.clip_ratio, D);
-  if (path == QuantizePackPath::tensor_rotate_warp_per_row) {
-    if constexpr (D == 256) launch_rotated_f16<kWarpSearch>(p, k, stream);
-  } else if (k == 0) launch_rows<D, 0>(p, 0, stream);
+  if (path == QuantizePackPath::tensor_rotate_warp_per_row) launch_rows<D, kWarpSearch>(p, k, stream);
+  else if (k == 0) launch_rows<D, 0>(p, 0, stream);
   else if (k <= 4) launch_rows<D, 4>(p, k, stream);
   else if (k <= 6) launch_rows<D, 6>(p, k, stream);
   else if (k <= 8) launch_rows<D, 8>(p, k, stream);
@@ -1884,6 +1916,7 @@ template <int D>
 void launch_dim(const QuantizePackParams& p, cudaStream_t stream) {
   const unsigned blocks = (unsigned)((p.rows + kRowsPerCta - 1) / kRowsPerCta);
   if (launch_rows_fast<D>(p, stream)) return;  // thread per row (with x.R on tensor cores when rotating)
+  const int k_top = clip_top_count(p.clip_ratio, D);
   if (p.rotation) {
     const int smem = (kRowsPerCta * (D + 4) + kChunk * D) * (int)sizeof(float);  // d = 256: 66 KB
     if (smem > device_smem_optin())
@@ -1891,9 +1924,9 @@ void launch_dim(const QuantizePackParams& p, cudaStream_t stream) {
                                std::to_string(smem) + " bytes of shared memory per block; this GPU grants " +
                                std::to_string(device_smem_optin()));
     cudaFuncSetAttribute(quantize_pack_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    quantize_pack_kernel<D, true><<<blocks, kThreads, smem, stream>>>(p);
+    quantize_pack_kernel<D, true><<<blocks, kThreads, smem, stream>>>(p, k_top);
   } else {
-    quantize_pack_kernel<D, false><<<blocks, kThreads, 0, stream>>>(p);
+    quantize_pack_kernel<D, false><<<blocks, kThreads, 0, stream>>>(p, k_top);
   }
 }
 
@@ -1931,13 +1964,10 @@ QuantizePackPath quantize_pack_path(const QuantizePackParams& p) {
                                        : rows_path_smem_bytes<256>(rotated);
   if (smem + kStaticSmemRoom > device_smem_optin()) return QuantizePackPath::warp_per_row;
   if (clip_top_count(p.clip_ratio, p.head_dim) <= kRowsPathTopMax) return QuantizePackPath::thread_per_row;
-  // d = 256 rotated, more clipped values: x.R on tensor cores once the warp-per-row kernel would run a second CTA of
-  // 32 rows on some multiprocessor; before, its one CTA per multiprocessor ends sooner than the tensor-core kernel's
-  // fixed cost (H200, clip 0.84: 46.9-47.7 against 54.2-54.6 us at 4224 rows, 69.1-69.2 against 53.6-54.5 at 4256;
-  // log, fifty-third round, calls 5 and 6; with the faster search of the fifty-fourth round, 40.8-41.0 us at 4224 rows
-  // on the warp-per-row kernel and 46.2 at 4256 on the tensor cores; the fifty-fifth round's search, faster again
-  // (4096 rows: 42.0 -> 38.7-38.8 us), was not timed at 4224 / 4256 rows, so this rule is not re-tuned for it).
-  const bool tensor = rotated && p.head_dim == 256 && p.rows > (long)kRowsPerCta * device_sms();
+  // Rotated, more clipped values: x.R on tensor cores, then a warp per row, above a row count per multiprocessor
+  // (tensor_warp_rows_per_sm); below, the warp-per-row kernel (fp32 x.R) ends before the tensor-core kernels' fixed
+  // costs.
+  const bool tensor = rotated && p.rows > (long)tensor_warp_rows_per_sm(p.head_dim) * device_sms();
   return tensor ? QuantizePackPath::tensor_rotate_warp_per_row : QuantizePackPath::warp_per_row;
 }
 

@@ -231,16 +231,27 @@ RotatedRun run_rotated(const std::vector<float>& x, const std::vector<float>& ro
   return run;
 }
 
+int device_sms() {
+  int device = 0, sms = 0;
+  cuda_check(cudaGetDevice(&device), "device");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "multiprocessors");
+  return sms;
+}
+
+// Rotated calls with more than 32 clipped values take x.R on tensor cores, then a warp per row, above this many rows
+// per multiprocessor (quantize_pack.cu's tensor_warp_rows_per_sm); below, the warp-per-row kernel.
+long tensor_warp_rows(int d) { return (d == 256 ? 32L : (d == 128 ? 128L : 512L)) * device_sms(); }
+
 // Clip 0.96 and 26 clipped values (the top-32 list) take the thread-per-row kernels; more than 32 clipped values (clip
-// 0.7, at d = 64 0.45) the warp-per-row kernel (d = 256, more than 32 rows per multiprocessor: after x.R on tensor
-// cores), and so does an unaligned input at any ratio (the warp-per-row kernel is also what a GPU takes that cannot
-// grant the thread-per-row kernels' shared memory: rotated d = 128 on an A100).
+// 0.7, at d = 64 0.45) a warp per row after the same x.R on tensor cores (enough rows, as here: tensor_warp_rows),
+// and an unaligned input at any ratio the warp-per-row kernel (also what a GPU takes that cannot grant the
+// thread-per-row kernels' shared memory: rotated d = 128 on an A100).
 TEST(QuantizePack, RotationWithinFloatTolerance) {
   for (int d : {64, 128, 256}) {
     for (float clip : {0.96f, (d - 26.0f) / d, d == 64 ? 0.45f : 0.7f, -0.7f}) {
-      const bool unaligned = clip < 0.0f;  // the warp-per-row kernel (d = 256 at 0.7 would take tc-warp-per-row)
+      const bool unaligned = clip < 0.0f;  // the warp-per-row kernel (aligned, 0.7 takes tc-warp-per-row)
       clip = std::fabs(clip);
-      const long rows = d == 256 ? 7001 : 2000;
+      const long rows = d == 256 || clip > 0.75f || unaligned ? 7001 : tensor_warp_rows(d) + 1001;
       auto x = test::random_normal(static_cast<size_t>(rows) * d, 5 + d);
       auto rot = test::random_normal(static_cast<size_t>(d) * d, 6 + d, 1.0f / std::sqrt(static_cast<float>(d)));
       const RotatedRun run = run_rotated(x, rot, rows, d, clip, MetadataType::fp32, false, false, unaligned);
@@ -357,11 +368,16 @@ TEST(QuantizePack, RotationBySignedPermutationBitIdentical) {
                         {128, 7001, 0.75f, MetadataType::fp16, true},
                         {256, 3001, 0.92f, MetadataType::bf16, false},
                         {64, 5003, 0.59375f, MetadataType::fp32, false},
-                        // K = 52 and 77 at d = 256: a warp per row after x.R on tensor cores (more than 32 rows
-                        // per multiprocessor), or the warp-per-row kernel.
+                        // K = 52 and 77 at d = 256, 39 at d = 128, 36 at d = 64: a warp per row after x.R on
+                        // tensor cores (more than 32 rows per multiprocessor), or the warp-per-row kernel.
                         {256, 7001, 0.8f, MetadataType::fp16, true},
-                        {256, 1001, 0.7f, MetadataType::fp32, false}};
-  for (const Case& c : cases) {
+                        {256, 1001, 0.7f, MetadataType::fp32, false},
+                        {128, -1, 0.7f, MetadataType::fp16, false},
+                        {128, 1001, 0.7f, MetadataType::fp32, true},
+                        {64, -1, 0.45f, MetadataType::bf16, false},
+                        {64, 1001, 0.45f, MetadataType::fp32, true}};
+  for (Case c : cases) {
+    if (c.rows < 0) c.rows = tensor_warp_rows(c.dim) + 2001;  // enough rows for the tensor cores (tensor_warp_rows)
     const int d = c.dim;
     std::vector<float> x = test::random_normal(static_cast<size_t>(c.rows) * d, 31 + d + c.rows, 2.0f);
     for (auto& v : x) v = std::round(v * 4.0f) / 8.0f;
@@ -391,7 +407,8 @@ TEST(QuantizePack, RotationBySignedPermutationBitIdentical) {
 // as the tiny rows above: one lane of the pair busy after the rest of its warp has returned). At d = 128 the
 // consumer warpgroups of the rotated kernel then run unevenly, which exposed a hand-over that let a producer
 // overwrite tiles still in use (nondeterministic codes). x.R is exact (signed permutation), so each of three
-// launches must give the CPU quantiser's bits.
+// launches must give the CPU quantiser's bits, and so must two more with more than 32 clipped values (a warp per row
+// after the same x.R).
 TEST(QuantizePack, RotationWithZeroAndFallbackRowsBitIdentical) {
   for (int d : {64, 128, 256}) {
     const long rows = d == 256 ? 8009 : 100037;
@@ -404,8 +421,12 @@ TEST(QuantizePack, RotationWithZeroAndFallbackRowsBitIdentical) {
         else if (r % 7 == 3 || r % 11 == 5) v = std::ldexp(v, r % 7 == 3 ? -120 : -60);
       }
     const std::vector<float> rot = signed_permutation(d, false);
-    for (int launch = 0; launch < 3; ++launch)
-      expect_bit_identical(run_rotated(x, rot, rows, d), "d " + std::to_string(d) + " launch " + std::to_string(launch));
+    for (int launch = 0; launch < 5; ++launch) {
+      const float clip = launch < 3 ? 0.96f : (d == 64 ? 0.45f : 0.7f);
+      expect_bit_identical(run_rotated(x, rot, rows, d, clip),
+                           "d " + std::to_string(d) + " clip " + std::to_string(clip).substr(0, 4) + " launch " +
+                               std::to_string(launch));
+    }
   }
 }
 
@@ -425,15 +446,27 @@ TEST(QuantizePack, RotationWorkspaceOfCallerOrStreamSameBits) {
   p.clip_ratio = 0.8f;  // 52 clipped values: a warp per row after the same x.R, from the same workspace
   EXPECT_EQ(kernels::quantize_pack_path(p), kernels::QuantizePackPath::tensor_rotate_warp_per_row);
   EXPECT_EQ(kernels::quantize_pack_workspace_bytes(p), bytes);
-  int device = 0, sms = 0;
-  cuda_check(cudaGetDevice(&device), "device");
-  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "multiprocessors");
+  const int sms = device_sms();
+  ASSERT_EQ(tensor_warp_rows(d), 32L * sms);
   ASSERT_GT(rows, 32L * sms);
   p.rows = 32L * sms;  // one CTA of 32 rows per multiprocessor: the warp-per-row kernel, which needs none
   EXPECT_EQ(kernels::quantize_pack_path(p), kernels::QuantizePackPath::warp_per_row);
   EXPECT_EQ(kernels::quantize_pack_workspace_bytes(p), 0u);
   p.rows = 32L * sms + 1;
   EXPECT_EQ(kernels::quantize_pack_path(p), kernels::QuantizePackPath::tensor_rotate_warp_per_row);
+  for (int dim : {64, 128}) {  // d = 64 and 128: x.R on the tensor cores of the top-32 lists' kernels, R split there
+    p.head_dim = dim;
+    p.clip_ratio = dim == 64 ? 0.45f : 0.7f;  // K = 36, 39
+    p.rows = tensor_warp_rows(dim);
+    EXPECT_EQ(kernels::quantize_pack_path(p), kernels::QuantizePackPath::warp_per_row) << dim;
+    p.rows += 1;
+    EXPECT_EQ(kernels::quantize_pack_path(p), kernels::QuantizePackPath::tensor_rotate_warp_per_row) << dim;
+    EXPECT_EQ(kernels::quantize_pack_workspace_bytes(p), 0u) << dim;
+    p.clip_ratio = 0.96f;
+    EXPECT_EQ(kernels::quantize_pack_path(p), kernels::QuantizePackPath::thread_per_row) << dim;
+  }
+  p.head_dim = d;
+  p.clip_ratio = 0.8f;
   p.rows = rows;
   p.rotation = rot.data() + 1;  // unaligned: the warp-per-row kernel
   EXPECT_EQ(kernels::quantize_pack_path(p), kernels::QuantizePackPath::warp_per_row);
