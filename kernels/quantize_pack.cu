@@ -1,7 +1,7 @@
 // Rotate-clip-quantise-pack kernels (see quantize_pack.h). With the clip threshold among the 32 largest magnitudes
 // (clip ratio >= 1 - 32/d): one thread (d = 256: two lanes) per row (below), x.R (if any) on tensor cores first (fp16
-// split with power-of-two scaling; R streamed from L2 at d = 256; there, with more clipped values and enough rows, the
-// same x.R and then a warp per row as below). Otherwise: CTA = 8 warps, 32 rows. With a rotation the CTA first computes
+// split with power-of-two scaling; R streamed from L2 at d = 256; with more clipped values and enough rows, the same
+// x.R and then a warp per row as below). Otherwise: CTA = 8 warps, 32 rows. With a rotation the CTA first computes
 // its [32, d] tile of x.R through shared memory (fp32 FMA); then each warp quantises 4 rows: a lane holds channels
 // lane + 32k. The clip threshold is found exactly by counts at candidates (down from the row's largest magnitude, then
 // halving), stopping once it is the extreme of what is left; every division and addition uses the _rn intrinsics (the
@@ -72,8 +72,8 @@ __device__ __forceinline__ int code_of_clipped(float a, float scale, float r, fl
   return min(max(code, 0), 3);
 }
 
-// KMAX of the rotated d = 256 thread-per-row kernel's instance that quantises a warp per row (quantize_row_warp) after
-// its x.R on tensor cores: more clipped values than the thread-per-row lists hold.
+// KMAX of the rotated thread-per-row kernels' instances that quantise a warp per row (quantize_row_warp) after their
+// x.R on tensor cores: more clipped values than the thread-per-row lists hold.
 constexpr int kWarpSearch = -1;
 
 template <int D>
@@ -858,7 +858,8 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const __grid
 // A fragments themselves (see the split below); x.R = hi.hi + hi.lo + lo.hi with fp32 accumulation (the
 // lo.lo term and the rounding of the lo parts are ~2^-22 relative; fp16 range problems are scaled away,
 // no orthogonality assumed), scaled back exactly by 2^-r_i 2^-c_n (one multiplication when the column
-// shifts are one) into the tile; then the rows are quantised (quantize_row_thread). Independent warps
+// shifts are one) into the tile; then the rows are quantised (quantize_row_thread; with more than 32 clipped values,
+// KMAX = kWarpSearch, a warp per row: quantize_row_warp). Independent warps
 // overlap one another's loads, tensor-core work and quantiser.
 // d = 128 (the quantiser, not the tensor cores, sets the pace: with 32-row tiles and 8 warps, 2 per scheduler, 0.54
 // were eligible): 16-row tiles, 20 warps (5 per scheduler) at <= 96 registers, two lanes per row in the quantiser,
@@ -1378,7 +1379,10 @@ __global__ void __launch_bounds__(split_warps<D>() * 32, D == 64 ? 2 : 1)
         const long row0 = gi * 4 * ROWS + warp_offset;
         const int rows = (int)min((long)ROWS, p.rows - row0);
         mbarrier_wait(tile_full + k, parity);
-        if constexpr (KMAX == kWarpSearch) {  // a warp per row: hand-over row c holds tile row c / 4 + .. (above)
+        // KMAX = kWarpSearch: a warp per row, hand-over row c holding tile row c / 4 + 4 (c / 2 % 2) + 8 (c % 2) (the
+        // lanes' mapping above, inverted). H200, 1M rows, d = 128 clip 0.7: 1417 us on the warp-per-row kernel, 852
+        // here (log, fifty-sixth round; two rows per warp, their searches stepping together: 1171).
+        if constexpr (KMAX == kWarpSearch) {
           const float* const handed = consumer_tiles + (4 * k + w) * CT;
           for (int c = 0; c < ROWS; ++c) {
             const int rc = c / 4 + 4 * (c / 2 % 2) + 8 * (c % 2);
@@ -1871,8 +1875,8 @@ void launch_rows(const QuantizePackParams& p, int k_top, cudaStream_t stream) {
 // Rotated calls with more than 32 clipped values take x.R on tensor cores and then a warp per row above this many rows
 // per multiprocessor. d = 256: above one 32-row CTA of the warp-per-row kernel per multiprocessor, whose second CTA
 // costs more than the tensor-core path's fixed cost (H200, clip 0.84: 46.9-47.7 against 54.2-54.6 us at 4224 rows,
-// 69.1-69.2 against 53.6-54.5 at 4256: log, fifty-third round; since the fifty-fifth round's search 38.5-39.0 us at 4224
-// rows on the warp-per-row kernel, 39.1-39.6 at 4256 on the tensor cores: fifty-sixth round, call 1). d = 128 and 64:
+// 69.1-69.2 against 53.6-54.5 at 4256: log, fifty-third round; since the fifty-fifth round's search 38.5-39.0 us at
+// 4224 rows on the warp-per-row kernel, 39.1-39.6 at 4256 on the tensor cores: fifty-sixth round, call 1). d = 128, 64:
 // where the times crossed (H200, clip 0.7 / 0.45, log, fifty-sixth round, call 2): d = 128 at 16384 rows (31.2 us
 // either way; 29.4 against 15.9 at 4096, 47.5 against 56.1 at 32768, 860 against 1417 on 1M rows), d = 64 between
 // 32768 rows (38.1 against 29.2) and 65536 (47.9 against 50.1; 611 against 646 on 1M rows).

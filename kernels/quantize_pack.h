@@ -41,8 +41,9 @@ enum class QuantizePackPath : int {
   thread_per_row,  // the fast path: the clip threshold among the 32 largest magnitudes, x.R (if any) on tensor cores;
                    // needs 16-byte aligned operands and a device that grants its shared memory (~227 KB at d = 128
                    // rotated, ~100 KB at d = 256 rotated)
-  tensor_rotate_warp_per_row,  // d = 256 with a rotation, more clipped values and more than 32 rows per
-                               // multiprocessor (same needs): the same x.R, then a warp per row
+  tensor_rotate_warp_per_row,  // with a rotation, more clipped values and enough rows (per multiprocessor: 32 at
+                               // d = 256, 128 at d = 128, 512 at d = 64; same needs): the same x.R, then a warp per
+                               // row
   warp_per_row,                // the rest: fp32 x.R through shared memory, then a warp per row (slower)
 };
 QuantizePackPath quantize_pack_path(const QuantizePackParams& params);

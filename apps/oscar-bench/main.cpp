@@ -227,9 +227,9 @@ int bench_main(int argc, char** argv) {
   // own (int2_splits is then the most pieces of any sequence); merged by each pair's last CTA, or with the suffix
   // +merge-ctas (grids of one to two waves) by a merge CTA per pair at the end of the grid, +merge-ctas-xN by N per
   // pair, each un-rotating 1/N of the output columns). Quantise-pack rows: batch = rows, split_plan = the kernel the
-  // call took (kernels::QuantizePackPath: thread-per-row, the fast path; tc-warp-per-row, d = 256 rotated with clip
-  // thresholds below the 32 largest magnitudes; warp-per-row, such thresholds otherwise, or a GPU without the fast
-  // path's shared memory), clip_ratio as given.
+  // call took (kernels::QuantizePackPath: thread-per-row, the fast path; tc-warp-per-row, rotated with clip
+  // thresholds below the 32 largest magnitudes and enough rows; warp-per-row, such thresholds otherwise, or a GPU
+  // without the fast path's shared memory), clip_ratio as given.
   table.fields = {"kernel", "batch", "context", "ragged", "int2_metadata", "clip_ratio", "launches",
                   "int2_splits", "bf16_splits", "split_plan", "mbytes", "time_us", "noise_pct", "sm_mhz", "tbps",
                   "pct_peak", "floor_us", "pct_floor", "speedup_vs_bf16", "gpu"};
