@@ -96,7 +96,7 @@ __device__ void quantize_row_warp(float (&v)[D / 32], const QuantizePackParams& 
     // instructions per step) and a clamp without branches, 713 from the largest magnitude down. (Not kept: removing
     // extremes one at a time, a reduction each, slower from the third: d = 128, 721 us with three removed, 595
     // searching; two bits per step, the counts of three candidates in one reduction: 30-70 % slower, fifty-third
-    // round; two rows per warp, their searches interleaved: 7-9 % slower, fifty-fifth round, and 27-38 % slower in the
+    // round; two rows per warp, their searches interleaved: 7-9 % slower, fifty-fifth round, and 22-38 % slower in the
     // tensor-core kernels' quantisers, fifty-sixth round.) The last count tells both stops (e = n - (K - 1) = 1 and
     // 0); K = D and K = 1 stop at once.
     const unsigned K = (unsigned)k_top;

@@ -369,7 +369,7 @@ TEST(QuantizePack, RotationBySignedPermutationBitIdentical) {
                         {256, 3001, 0.92f, MetadataType::bf16, false},
                         {64, 5003, 0.59375f, MetadataType::fp32, false},
                         // K = 52 and 77 at d = 256, 39 at d = 128, 36 at d = 64: a warp per row after x.R on
-                        // tensor cores (more than 32 rows per multiprocessor), or the warp-per-row kernel.
+                        // tensor cores (enough rows: tensor_warp_rows), or the warp-per-row kernel.
                         {256, 7001, 0.8f, MetadataType::fp16, true},
                         {256, 1001, 0.7f, MetadataType::fp32, false},
                         {128, -1, 0.7f, MetadataType::fp16, false},
