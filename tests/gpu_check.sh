@@ -15,6 +15,19 @@ echo "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version,memory.total --
 status=0
 # The tests run under compute-sanitizer (the mma.sync part takes the QuantizePack ones).
 sanitize_filter='*QuantizePackExact*:QuantizePack.RotationWithinFloatTolerance:QuantizePack.RotationWithZeroAndFallbackRowsBitIdentical:QuantizePack.RotationWorkspaceOfCallerOrStreamSameBits:QuantizePack.UnalignedRowsTakeTheWarpKernelSameBits:PagedDecode.EmptyTiers:PagedDecode.SplitBoundariesAndRaggedBatch:PagedDecode.ContextLengthsAroundPageBoundaries:PagedDecode.SmallestSplitsAndRepeatedCalls:PagedDecode.ChunksOfHalfSteps:PagedDecode.GqaRatiosAndHeadDims:PagedDecode.LoQueryTermsInTheFreeMmaColumns:PagedDecode.Fp16MetadataLayoutGivesTheFp32LayoutsBits:PagedDecode.ShortSplitsArePlannedForTheParallelMerge:PagedDecode.SplitTableOfLongSplits:PagedDecode.Int2PiecesInAnyOrder:PagedDecode.MergeCtasOverSplitsAsPieces:PagedDecode.LongBf16SplitsInWorkLists:PagedDecode.Bf16OnlyCachesInBalancedTiles:ShippedData.QuantizePackMatchesCpuOnRealRows'
+# Runs the test binary $1 under compute-sanitizer memcheck and racecheck on the gtest filter $2, logs in
+# sanitizer_<tool>$3.log, headings suffixed by $4; a failure sets status.
+sanitize() {
+  local tool rc
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer $tool$4" | tee -a "$log"
+    timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool "$tool" --error-exitcode 3 "$1" --gtest_filter="$2" \
+      >"$out/sanitizer_$tool$3.log" 2>&1
+    rc=$?
+    tail -3 "$out/sanitizer_$tool$3.log" | tee -a "$log"
+    [ $rc -eq 0 ] || { status=1; echo "$tool exit $rc" | tee -a "$log"; }
+  done
+}
 # MAIN=0 skips the main build (its build, tests, sanitizers and benchmarks) and runs only the mma.sync part below:
 # with PORTABLE=0 in another call, the check in two device commands of at most 600 s each (the whole took 564 s in
 # the log's fifty-sixth round).
@@ -33,14 +46,7 @@ if [ "${MAIN:-1}" != 0 ]; then
   "$build/tests/oscar_gpu_tests" 2>&1 | tee "$out/gpu_tests.log" |
     grep -E "^\[  (PASSED|FAILED) |FAILED|Failure|error" | tee -a "$log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  for tool in memcheck racecheck; do
-    echo "== compute-sanitizer $tool" | tee -a "$log"
-    timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool "$tool" --error-exitcode 3 \
-      "$build/tests/oscar_gpu_tests" --gtest_filter="$sanitize_filter" >"$out/sanitizer_$tool.log" 2>&1
-    rc=$?
-    tail -3 "$out/sanitizer_$tool.log" | tee -a "$log"
-    [ $rc -eq 0 ] || { status=1; echo "$tool exit $rc" | tee -a "$log"; }
-  done
+  sanitize "$build/tests/oscar_gpu_tests" "$sanitize_filter" "" ""
   echo "== oscar-bench $*" | tee -a "$log"
   "$build/bin/oscar-bench" "$@" -o "$out/bench.md" 2>"$out/bench.log" || status=1
   cat "$out/bench.md" | tee -a "$log"
@@ -72,14 +78,7 @@ if [ "${PORTABLE:-1}" != 0 ]; then
     grep -E "^\[  (PASSED|FAILED) |FAILED|Failure|error" | tee -a "$log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   quantize_filter=$(tr ':' '\n' <<<"$sanitize_filter" | grep QuantizePack | paste -sd:)
-  for tool in memcheck racecheck; do
-    echo "== compute-sanitizer $tool (mma.sync path)" | tee -a "$log"
-    timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool "$tool" --error-exitcode 3 \
-      "$pbuild/tests/oscar_gpu_tests" --gtest_filter="$quantize_filter" >"$out/sanitizer_${tool}_portable.log" 2>&1
-    rc=$?
-    tail -3 "$out/sanitizer_${tool}_portable.log" | tee -a "$log"
-    [ $rc -eq 0 ] || { status=1; echo "$tool exit $rc" | tee -a "$log"; }
-  done
+  sanitize "$pbuild/tests/oscar_gpu_tests" "$quantize_filter" _portable " (mma.sync path)"
   for d in 64 128 256; do
     echo "== oscar-bench --kernels quant --head-dim $d (mma.sync path)" | tee -a "$log"
     "$pbuild/bin/oscar-bench" --kernels quant --head-dim $d --iterations 20 --settle-ms 200 \
